@@ -1,0 +1,3 @@
+from gpushare.cli import main
+
+main()

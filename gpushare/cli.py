@@ -1,0 +1,193 @@
+"""The gpushare command line: a thin Typer layer over the library.
+
+Heavy imports (pydantic models, Jinja2, Pulumi, Ansible) happen inside the commands that need them, so that
+`gpushare mig validate`, called in CI loops, starts cold in well under half a second."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpushare.cli_gpu import discover_command, mig_app
+from gpushare.errors import GpushareError
+
+if TYPE_CHECKING:
+    from gpushare.resolve import ResolvedFleet
+
+app = typer.Typer(
+    name="gpushare",
+    help="Infrastructure as code for shared GPUs: check, plan and render MIG, time-slicing and MPS fleets.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(mig_app, name="mig")
+app.command("discover", help="List the local GPUs through NVML and match them to the catalog.")(discover_command)
+
+EnvOption = Annotated[str, typer.Option("--env", "-e", help="Environment name under environments/, or a path.")]
+ProfilesOption = Annotated[
+    Path | None, typer.Option("--profiles", help="Profiles directory (default: profiles/ beside environments/).")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+
+
+def fail(err: GpushareError, as_json: bool) -> typer.Exit:
+    """Print a domain error readably (or as JSON) and return the exit to raise."""
+    if as_json:
+        print(json.dumps({"ok": False, "errors": [str(p) for p in err.problems],
+                          "problems": [p.as_dict() for p in err.problems]}, indent=2))
+    else:
+        from rich.console import Console
+
+        console = Console(stderr=True, highlight=False)
+        count = len(err.problems)
+        console.print(f"[bold red]error[/]: {count} problem{'s' if count != 1 else ''}")
+        for p in err.problems:
+            where = f"[bold]{p.where}[/]: " if p.where else ""
+            console.print(f"  {where}{p.message}", soft_wrap=True)
+            if p.fix:
+                console.print(f"    [green]fix[/]: {p.fix}", soft_wrap=True)
+    return typer.Exit(code=err.exit_code)
+
+
+def _resolve(env: str, profiles: Path | None) -> ResolvedFleet:
+    from gpushare.resolve import resolve_env
+
+    return resolve_env(env, profiles)
+
+
+@app.command()
+def validate(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = False) -> None:
+    """Check an environment: schema, GPU models, MIG layouts, profiles, hosts, tenants and rendering."""
+    from gpushare.render import render_fleet
+
+    try:
+        fleet = _resolve(env, profiles)
+        rendered = render_fleet(fleet)
+    except GpushareError as err:
+        raise fail(err, as_json) from None
+    if as_json:
+        print(json.dumps({"ok": True, "environment": fleet.environment, "errors": [], "warnings": fleet.warnings,
+                          "files": sorted(rendered.files)}, indent=2))
+        return
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    t = fleet.totals
+    console.print(
+        f"[bold green]ok[/]: environment [bold]{fleet.environment}[/] ({fleet.source}) is valid: "
+        f"{len(fleet.pools)} pools, {sum(n.count for n in fleet.nodes)} nodes, {t.physical_gpus} GPUs, "
+        f"{t.advertised_total} schedulable GPU resources, {len(rendered.files)} files to render"
+    )
+    for w in fleet.warnings:
+        console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
+
+
+def _fmt_resources(resources: dict[str, int]) -> str:
+    return "\n".join(f"{name} x{count}" for name, count in sorted(resources.items()))
+
+
+@app.command()
+def plan(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = False) -> None:
+    """Show what every pool and node becomes: GPUs, profile, MIG layout, advertised resources, ratio."""
+    try:
+        fleet = _resolve(env, profiles)
+    except GpushareError as err:
+        raise fail(err, as_json) from None
+    if as_json:
+        print(json.dumps({"ok": True, **fleet.as_dict()}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    table = Table(title=f"gpushare plan: {fleet.environment}", show_lines=True)
+    table.add_column("pool", overflow="fold")
+    table.add_column("cluster", overflow="fold")
+    table.add_column("nodes", overflow="fold")
+    table.add_column("GPUs", justify="right")
+    table.add_column("model", overflow="fold")
+    table.add_column("profile", overflow="fold")
+    table.add_column("MIG layout per GPU", no_wrap=True)
+    table.add_column("advertised", no_wrap=True)
+    table.add_column("ratio", justify="right")
+    table.add_column("isolation", overflow="fold")
+    for p in fleet.pools:
+        layouts = sorted({"\n".join(f"{k} x{v}" for k, v in n.mig_layout.items()) if n.mig_layout else "-"
+                          for n in p.nodes})
+        models = sorted({n.gpu_model.name.removeprefix("NVIDIA ") for n in p.nodes})
+        if p.cloud is not None:
+            nodes = f"{p.cloud.node_count} x {p.cloud.machine_type}\n({p.nodes[0].managed_by})"
+        else:
+            nodes = "\n".join(n.name for n in p.nodes)
+        table.add_row(
+            p.name, f"{p.cluster}\n({p.cluster_kind})", nodes, str(p.totals.physical_gpus), "\n".join(models),
+            f"{p.profile}\n({p.sharing})", "\n".join(layouts), _fmt_resources(p.totals.advertised),
+            f"{p.totals.oversubscription:.2f}", p.isolation,
+        )
+    console.print(table)
+
+    totals = Table(title="totals", show_lines=False)
+    for col in ("scope", "physical GPUs", "hardware units", "schedulable", "oversubscription"):
+        totals.add_column(col, justify="left" if col == "scope" else "right")
+    for name, ct in fleet.cluster_totals.items():
+        totals.add_row(f"cluster {name}", str(ct.physical_gpus), str(ct.hardware_units), str(ct.advertised_total),
+                       f"{ct.oversubscription:.2f}")
+    t = fleet.totals
+    totals.add_row(f"[bold]environment {fleet.environment}[/]", str(t.physical_gpus), str(t.hardware_units),
+                   str(t.advertised_total), f"{t.oversubscription:.2f}")
+    console.print(totals)
+    if fleet.tenants:
+        tenants = Table(title="tenants")
+        for col in ("tenant", "namespace", "trust", "priority", "clusters", "quota"):
+            tenants.add_column(col)
+        for ten in fleet.tenants:
+            tenants.add_row(ten.name, ten.namespace, ten.trust, ten.priority, ", ".join(ten.clusters),
+                            _fmt_resources(ten.quota))
+        console.print(tenants)
+    console.print("oversubscription = schedulable GPU resources / hardware units (a whole GPU or a MIG instance)")
+    for w in fleet.warnings:
+        console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
+
+
+@app.command()
+def render(
+    env: EnvOption,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write (replaced as a whole).")],
+    profiles: ProfilesOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write the mig-parted config, device-plugin configs, toolkit config.toml and containerd drop-in."""
+    from gpushare.render import render_fleet, write_rendered
+
+    try:
+        fleet = _resolve(env, profiles)
+        written = write_rendered(render_fleet(fleet), out)
+    except GpushareError as err:
+        raise fail(err, as_json) from None
+    if as_json:
+        print(json.dumps({"ok": True, "out": str(out), "files": [str(p) for p in written]}, indent=2))
+        return
+    for path in written:
+        print(path)
+
+
+@app.command()
+def schema(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the JSON Schema files.")] = Path("schema"),
+) -> None:
+    """Write the JSON Schemas of environment and profile files (for editors via yaml-language-server)."""
+    from gpushare.spec import json_schemas
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, content in json_schemas().items():
+        path = out / name
+        path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+        print(path)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    return app(args=argv if argv is not None else sys.argv[1:], prog_name="gpushare")

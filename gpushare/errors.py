@@ -1,0 +1,51 @@
+"""The one exception type the CLI turns into a readable message and a non-zero exit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the input: where it is, what is wrong, and how to fix it."""
+
+    message: str
+    file: str | None = None
+    path: str | None = None
+    fix: str | None = None
+    line: int | None = None
+
+    @property
+    def where(self) -> str:
+        place = self.file or ""
+        if self.line is not None and place:
+            place = f"{place}:{self.line}"
+        if self.path:
+            place = f"{place}: {self.path}" if place else self.path
+        return place
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        if self.fix:
+            text += f" (fix: {self.fix})"
+        return text
+
+    def as_dict(self) -> dict[str, object]:
+        return {"file": self.file, "line": self.line, "path": self.path, "message": self.message, "fix": self.fix}
+
+
+@dataclass
+class GpushareError(Exception):
+    """Bad input or an impossible request. `exit_code` 1 = invalid input, 2 = unusable input, 3 = no GPU/NVML."""
+
+    problems: list[Problem] = field(default_factory=list)
+    exit_code: int = 1
+
+    def __init__(self, problems: list[Problem] | Problem | str, exit_code: int = 1) -> None:
+        if isinstance(problems, str):
+            problems = [Problem(problems)]
+        elif isinstance(problems, Problem):
+            problems = [problems]
+        self.problems = list(problems)
+        self.exit_code = exit_code
+        super().__init__("\n".join(str(p) for p in self.problems))

@@ -1,0 +1,114 @@
+"""The CLI through Typer's CliRunner: exit codes, JSON contracts, and nothing written on bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from typer.testing import CliRunner
+
+from gpushare.cli import app
+from tests.conftest import ENVIRONMENTS, ROOT
+
+runner = CliRunner()
+
+
+def test_plan_table_shows_pools_and_ratio() -> None:
+    result = runner.invoke(app, ["plan", "--env", "dev"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for text in ("a100-inference", "h100-training", "l4-notebooks", "mig-balanced", "nvidia.com/gpu.shared x16",
+                 "4.00", "environment dev", "1.27"):
+        assert text in result.output
+
+
+def test_plan_json() -> None:
+    result = runner.invoke(app, ["plan", "--env", "pilot", "--json"])
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert data["ok"] is True and data["environment"] == "pilot"
+    assert {p["name"] for p in data["pools"]} >= {"a100-inference", "gke-l4-inference"}
+    assert data["totals"]["physical_gpus"] == sum(p["physical_gpus"] for p in data["pools"])
+
+
+def test_env_takes_a_path() -> None:
+    result = runner.invoke(app, ["validate", "--env", str(ENVIRONMENTS / "prod.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "environment prod" in result.output
+
+
+def test_validate_lists_every_error_and_exits_1(tmp_path: Path, dev_data: dict[str, Any]) -> None:
+    dev_data["pools"][0]["hosts"][0]["gpu_cuont"] = 8
+    dev_data["defaults"]["driver_brunch"] = 570
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
+    result = runner.invoke(app, ["validate", "--env", str(path)])
+    assert result.exit_code == 1
+    assert "2 problems" in result.output
+    assert "pools[0].hosts[0].gpu_cuont" in result.output and "defaults.driver_brunch" in result.output
+    assert "fix" in result.output and "Traceback" not in result.output
+
+
+def test_validate_json_errors(tmp_path: Path, dev_data: dict[str, Any]) -> None:
+    dev_data["pools"][2]["profile"] = "mig-balanced"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
+    result = runner.invoke(app, ["validate", "--env", str(path), "--json"])
+    assert result.exit_code == 1
+    data = json.loads(result.output)
+    assert data["ok"] is False
+    assert data["problems"][0]["path"] == "pools[2].profile" and data["problems"][0]["fix"]
+
+
+def test_unknown_environment_exits_2() -> None:
+    result = runner.invoke(app, ["plan", "--env", "staging"])
+    assert result.exit_code == 2
+    assert "no environment named 'staging'" in result.output
+
+
+def test_render_writes_files(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["render", "--env", "dev", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "mig-parted" / "config.yaml").exists()
+    assert (out / "nvidia-container-toolkit" / "config.toml").exists()
+    assert list((out / "device-plugin").glob("*.yaml"))
+    assert list((out / "containerd").glob("*.toml"))
+
+
+def test_render_bad_input_writes_nothing(tmp_path: Path, dev_data: dict[str, Any]) -> None:
+    dev_data["pools"][0]["gpu_model"] = "NVIDIA H100 90GB"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["render", "--env", str(path), "--out", str(out)])
+    assert result.exit_code == 1
+    assert not out.exists()
+
+
+def test_schema_matches_the_committed_files(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["schema", "--out", str(tmp_path)])
+    assert result.exit_code == 0
+    for name in ("environment.schema.json", "profile.schema.json"):
+        assert (tmp_path / name).read_text() == (ROOT / "schema" / name).read_text(), (
+            f"schema/{name} is stale: run `make schema`")
+
+
+def test_shipped_files_validate_against_the_schema() -> None:
+    import jsonschema
+
+    env_schema = json.loads((ROOT / "schema" / "environment.schema.json").read_text())
+    profile_schema = json.loads((ROOT / "schema" / "profile.schema.json").read_text())
+    for path in ENVIRONMENTS.glob("*.yaml"):
+        jsonschema.validate(yaml.safe_load(path.read_text()), env_schema)
+    for path in (ROOT / "profiles").glob("*.yaml"):
+        jsonschema.validate(yaml.safe_load(path.read_text()), profile_schema)
+
+
+def test_python_m_gpushare_works() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "gpushare", "--help"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and "plan" in proc.stdout
