@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -105,26 +106,21 @@ def plan(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = 
 
     console = Console(highlight=False)
     table = Table(title=f"gpushare plan: {fleet.environment}", show_lines=True)
-    table.add_column("pool", overflow="fold")
-    table.add_column("cluster", overflow="fold")
-    table.add_column("nodes", overflow="fold")
-    table.add_column("GPUs", justify="right")
-    table.add_column("model", overflow="fold")
-    table.add_column("profile", overflow="fold")
-    table.add_column("MIG layout per GPU", no_wrap=True)
-    table.add_column("advertised", no_wrap=True)
+    for col in ("pool", "cluster", "nodes", "GPUs", "profile", "MIG layout per GPU", "advertised"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("pool", "profile", "MIG layout per GPU", "advertised"))
     table.add_column("ratio", justify="right")
     table.add_column("isolation", overflow="fold")
     for p in fleet.pools:
         layouts = sorted({"\n".join(f"{k} x{v}" for k, v in n.mig_layout.items()) if n.mig_layout else "-"
                           for n in p.nodes})
-        models = sorted({n.gpu_model.name.removeprefix("NVIDIA ") for n in p.nodes})
+        gpus = Counter(n.gpu_model.name.removeprefix("NVIDIA ") for n in p.nodes for _ in range(n.count)
+                       for _ in range(n.gpus_per_node))
         if p.cloud is not None:
-            nodes = f"{p.cloud.node_count} x {p.cloud.machine_type}\n({p.nodes[0].managed_by})"
+            nodes = f"{p.cloud.node_count} x {p.cloud.machine_type} ({p.nodes[0].managed_by})"
         else:
             nodes = "\n".join(n.name for n in p.nodes)
         table.add_row(
-            p.name, f"{p.cluster}\n({p.cluster_kind})", nodes, str(p.totals.physical_gpus), "\n".join(models),
+            p.name, p.cluster, nodes, "\n".join(f"{c} x {m}" for m, c in sorted(gpus.items())),
             f"{p.profile}\n({p.sharing})", "\n".join(layouts), _fmt_resources(p.totals.advertised),
             f"{p.totals.oversubscription:.2f}", p.isolation,
         )
