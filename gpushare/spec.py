@@ -511,4 +511,8 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     env["title"] = "gpushare environment"
     profile = PROFILE_ADAPTER.json_schema()
     profile["title"] = "gpushare sharing profile"
-    return {"environment.schema.json": env, "profile.schema.json": profile}
+    from gpushare.guardrails import Guardrails  # guardrails builds on this module
+
+    guardrails = Guardrails.model_json_schema()
+    guardrails["title"] = "gpushare guardrails"
+    return {"environment.schema.json": env, "profile.schema.json": profile, "guardrails.schema.json": guardrails}

@@ -90,7 +90,7 @@ def test_render_bad_input_writes_nothing(tmp_path: Path, dev_data: dict[str, Any
 def test_schema_matches_the_committed_files(tmp_path: Path) -> None:
     result = runner.invoke(app, ["schema", "--out", str(tmp_path)])
     assert result.exit_code == 0
-    for name in ("environment.schema.json", "profile.schema.json"):
+    for name in ("environment.schema.json", "profile.schema.json", "guardrails.schema.json"):
         assert (tmp_path / name).read_text() == (ROOT / "schema" / name).read_text(), (
             f"schema/{name} is stale: run `make schema`")
 

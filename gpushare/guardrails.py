@@ -1,0 +1,111 @@
+"""policies/guardrails.yaml: the thresholds reviewed in Git. One source for every policy number."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, ValidationError, model_validator
+
+from gpushare.errors import GpushareError, Problem
+from gpushare.resolve import project_root
+from gpushare.spec import VERSION_PATTERN, Strict, read_yaml, validation_problems, version_tuple
+
+Version = Annotated[str, Field(pattern=VERSION_PATTERN)]
+
+
+class MemoryClass(Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$")]
+    max_gib: float = Field(gt=0, description="Largest unit memory (GiB) in this class.")
+
+
+class CveFix(Strict):
+    cve: str
+    fixed_in: Version
+
+
+class ToolkitPolicy(Strict):
+    min_version: Version
+    fixes: list[CveFix] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _floor_covers_every_fix(self) -> ToolkitPolicy:
+        newest = max((version_tuple(f.fixed_in) for f in self.fixes), default=())
+        if version_tuple(self.min_version) < newest:
+            from gpushare.spec import invalid
+
+            raise invalid(f"min_version {self.min_version} is below a listed fix ({'.'.join(map(str, newest))})",
+                          "raise min_version to the newest fixed_in")
+        return self
+
+    def unfixed(self, version: str) -> list[CveFix]:
+        """The listed CVEs a toolkit version is still exposed to."""
+        v = version_tuple(version)
+        return [f for f in self.fixes if v < version_tuple(f.fixed_in)]
+
+
+class EnvironmentGuardrails(Strict):
+    max_oversubscription: float = Field(ge=1.0, le=64.0)
+    max_shared_replicas: dict[str, Annotated[int, Field(ge=2, le=64)]]
+    allowed_profiles: list[str] = Field(min_length=1, description='Profile names, or "*" for any.')
+    require_fail_requests_greater_than_one: bool = False
+    require_exact_mig_placements: bool = False
+
+    def allows_profile(self, name: str) -> bool:
+        return "*" in self.allowed_profiles or name in self.allowed_profiles
+
+
+class Guardrails(Strict):
+    version: int = Field(ge=1, le=1)
+    memory_classes: list[MemoryClass] = Field(min_length=1)
+    toolkit: ToolkitPolicy
+    environments: dict[str, EnvironmentGuardrails]
+
+    @model_validator(mode="after")
+    def _classes_cover_limits(self) -> Guardrails:
+        from gpushare.spec import invalid
+
+        names = [c.name for c in self.memory_classes]
+        bounds = [c.max_gib for c in self.memory_classes]
+        if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
+            raise invalid("memory_classes must be listed by increasing max_gib", "reorder them")
+        for env, limits in self.environments.items():
+            if set(limits.max_shared_replicas) != set(names):
+                raise invalid(f"environments.{env}.max_shared_replicas must give every memory class "
+                              f"({', '.join(names)})", "add the missing classes or remove unknown ones")
+        return self
+
+    def memory_class(self, memory_gib: float) -> str:
+        for c in self.memory_classes:
+            if memory_gib <= c.max_gib:
+                return c.name
+        return self.memory_classes[-1].name
+
+    def environment(self, name: str) -> EnvironmentGuardrails:
+        try:
+            return self.environments[name]
+        except KeyError:
+            raise GpushareError(Problem(f"policies/guardrails.yaml has no limits for environment {name!r}",
+                                        path=f"environments.{name}",
+                                        fix="add the environment to guardrails.yaml")) from None
+
+    def max_shared_replicas(self, environment: str, memory_gib: float) -> int:
+        return self.environment(environment).max_shared_replicas[self.memory_class(memory_gib)]
+
+
+def guardrails_path() -> Path:
+    return project_root() / "policies" / "guardrails.yaml"
+
+
+@cache
+def _load(path: Path) -> Guardrails:
+    doc = read_yaml(path)
+    try:
+        return Guardrails.model_validate(doc.data)
+    except ValidationError as exc:
+        raise GpushareError(validation_problems(exc, doc, Guardrails)) from None
+
+
+def load_guardrails(path: Path | None = None) -> Guardrails:
+    return _load((path or guardrails_path()).resolve())
