@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpushare.cli_check import check_command
 from gpushare.cli_gpu import discover_command, mig_app
 from gpushare.errors import GpushareError
 
@@ -27,6 +28,7 @@ app = typer.Typer(
 )
 app.add_typer(mig_app, name="mig")
 app.command("discover", help="List the local GPUs through NVML and match them to the catalog.")(discover_command)
+app.command("check")(check_command)
 
 EnvOption = Annotated[str, typer.Option("--env", "-e", help="Environment name under environments/, or a path.")]
 ProfilesOption = Annotated[

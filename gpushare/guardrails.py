@@ -28,6 +28,9 @@ class CveFix(Strict):
 class ToolkitPolicy(Strict):
     min_version: Version
     fixes: list[CveFix] = Field(default_factory=list)
+    hardened: dict[str, bool] = Field(
+        default_factory=dict, description="config.toml top-level settings and the values they must have."
+    )
 
     @model_validator(mode="after")
     def _floor_covers_every_fix(self) -> ToolkitPolicy:
@@ -51,6 +54,7 @@ class EnvironmentGuardrails(Strict):
     allowed_profiles: list[str] = Field(min_length=1, description='Profile names, or "*" for any.')
     require_fail_requests_greater_than_one: bool = False
     require_exact_mig_placements: bool = False
+    promote_from: str | None = Field(None, description="Environment whose profiles and versions this one may use.")
 
     def allows_profile(self, name: str) -> bool:
         return "*" in self.allowed_profiles or name in self.allowed_profiles
@@ -71,6 +75,9 @@ class Guardrails(Strict):
         if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
             raise invalid("memory_classes must be listed by increasing max_gib", "reorder them")
         for env, limits in self.environments.items():
+            if limits.promote_from is not None and limits.promote_from not in self.environments:
+                raise invalid(f"environments.{env}.promote_from names unknown environment {limits.promote_from!r}",
+                              f"use one of: {', '.join(self.environments)}")
             if set(limits.max_shared_replicas) != set(names):
                 raise invalid(f"environments.{env}.max_shared_replicas must give every memory class "
                               f"({', '.join(names)})", "add the missing classes or remove unknown ones")

@@ -1,0 +1,270 @@
+"""Every guardrail rule fires on an environment that breaks it (with its id and location) and stays quiet
+on one that keeps it; waivers and the guardrails file reject bad input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gpushare.cli import app
+from gpushare.errors import GpushareError
+from gpushare.guardrails import load_guardrails
+from gpushare.policies import (
+    RULES,
+    Context,
+    PlanResource,
+    Violation,
+    effective_device_list_strategy,
+    evaluate,
+    load_waivers,
+)
+from gpushare.resolve import resolve, resolve_env
+from tests.conftest import PROFILES, ROOT
+
+TODAY = date(2026, 11, 30)
+
+
+def context(write_env: Any, data: dict[str, Any], source: Any = None, plan: Any = None) -> Context:
+    return Context(fleet=resolve(write_env(data), PROFILES), guardrails=load_guardrails(),
+                   promotion_source=source, plan=plan)
+
+
+def fired(ctx: Context, rule: str) -> list[Violation]:
+    return RULES[rule].run(ctx)
+
+
+@pytest.mark.parametrize("env", ["dev", "pilot", "prod"])
+def test_shipped_environments_pass(env: str) -> None:
+    g = load_guardrails()
+    limits = g.environment(env)
+    ctx = Context(resolve_env(env), g, promotion_source=resolve_env(limits.promote_from) if limits.promote_from
+                  else None)
+    report = evaluate(ctx, [], TODAY)
+    assert report.ok, [v.as_dict() for v in report.violations]
+    assert report.violations == []
+
+
+Mutate = Callable[[dict[str, Any]], None]
+
+
+def _name_env(name: str) -> Mutate:
+    return lambda d: d.__setitem__("name", name)
+
+
+def _many_replicas(d: dict[str, Any]) -> None:
+    d.setdefault("profiles", []).append({"name": "ts8", "kind": "time-slicing", "time_slicing": {"replicas": 8}})
+    d["pools"][2]["profile"] = "ts8"
+
+
+def _oversubscribed(d: dict[str, Any]) -> None:
+    # Only L4s, time-sliced 4 ways: ratio 4.0, above prod's 1.5 (checked as prod)
+    d["name"] = "prod"
+    d["pools"] = [d["pools"][2]]
+    d["tenants"] = []
+
+
+def _untrusted_shared(d: dict[str, Any]) -> None:
+    d["tenants"][3]["quota"] = {"nvidia.com/gpu.shared": 2}
+
+
+def _untrusted_unrenamed(d: dict[str, Any]) -> None:
+    d.setdefault("profiles", []).append({"name": "ts-plain", "kind": "time-slicing",
+                                         "time_slicing": {"replicas": 2, "rename_by_default": False}})
+    d["pools"][2]["profile"] = "ts-plain"
+    d["tenants"][2]["quota"] = {"nvidia.com/gpu": 4}
+    d["tenants"][3]["quota"] = {"nvidia.com/gpu": 1}
+
+
+def _no_fail_requests(d: dict[str, Any]) -> None:
+    d["name"] = "prod"
+    d.setdefault("profiles", []).append({"name": "ts2-lax", "kind": "time-slicing",
+                                         "time_slicing": {"replicas": 2, "fail_requests_greater_than_one": False}})
+    d["pools"][2]["profile"] = "ts2-lax"
+
+
+def _old_toolkit(d: dict[str, Any]) -> None:
+    d["defaults"]["toolkit_version"] = "1.17.4"
+
+
+def _inferred_placements(d: dict[str, Any]) -> None:
+    d["name"] = "prod"
+    d["pools"][0]["gpu_model"] = "NVIDIA H200"
+    d["tenants"] = []
+
+
+def _not_allowed(d: dict[str, Any]) -> None:
+    d["name"] = "prod"
+    d["pools"][0]["profile"] = "mig-small-ts2"
+    d["tenants"] = []
+
+
+def _no_quota(d: dict[str, Any]) -> None:
+    d["tenants"][1]["quota"] = {}
+
+
+CASES: list[tuple[str, Mutate, str]] = [
+    ("shared-replicas-limit", _many_replicas, "pool l4-notebooks"),
+    ("oversubscription-limit", _oversubscribed, "environment prod"),
+    ("untrusted-tenants-hardware-isolated", _untrusted_shared, "tenant partner-eval, quota nvidia.com/gpu.shared"),
+    ("untrusted-tenants-hardware-isolated", _untrusted_unrenamed, "tenant partner-eval, quota nvidia.com/gpu"),
+    ("shared-replicas-renamed", _untrusted_unrenamed, "profile ts-plain"),
+    ("fail-requests-greater-than-one", _no_fail_requests, "profile ts2-lax"),
+    ("toolkit-cve-floor", _old_toolkit, "defaults.toolkit_version"),
+    ("exact-mig-placements", _inferred_placements, "pool a100-inference"),
+    ("profile-allowed", _not_allowed, "pool a100-inference, host dev-a100-01"),
+    ("tenant-has-quota", _no_quota, "tenant research"),
+]
+
+
+@pytest.mark.parametrize(("rule", "mutate", "where"), CASES, ids=[f"{c[0]}:{c[2]}" for c in CASES])
+def test_rule_fires(rule: str, mutate: Mutate, where: str, dev_data: dict[str, Any], write_env: Any) -> None:
+    clean = context(write_env, dev_data)
+    assert fired(clean, rule) == [] or clean.fleet.environment != dev_data["name"]
+    mutate(dev_data)
+    ctx = context(write_env, dev_data)
+    violations = fired(ctx, rule)
+    assert [v.where for v in violations] == [where], [v.as_dict() for v in violations]
+    v = violations[0]
+    assert v.rule == rule and v.level == "mandatory" and v.fix and v.message
+
+
+def test_cve_floor_names_the_cves(dev_data: dict[str, Any], write_env: Any) -> None:
+    _old_toolkit(dev_data)
+    (v,) = fired(context(write_env, dev_data), "toolkit-cve-floor")
+    assert "CVE-2025-23266" in v.message and "GHSA-qw9x-cqr3-wc7r" in v.message
+    assert "CVE-2024-0132" not in v.message
+
+
+def test_toolkit_hardening_is_read_from_the_rendered_file(dev_data: dict[str, Any], write_env: Any) -> None:
+    ctx = context(write_env, dev_data)
+    assert fired(ctx, "toolkit-hardened") == []
+    from gpushare.render import render_fleet
+
+    files = dict(render_fleet(ctx.fleet).files)
+    files["nvidia-container-toolkit/config.toml"] = files["nvidia-container-toolkit/config.toml"].replace(
+        "accept-nvidia-visible-devices-envvar-when-unprivileged = false",
+        "accept-nvidia-visible-devices-envvar-when-unprivileged = true")
+    ctx.rendered = files
+    (v,) = fired(ctx, "toolkit-hardened")
+    assert "envvar-when-unprivileged" in v.message
+
+
+def test_device_list_strategy_follows_operator_overrides(dev_data: dict[str, Any], write_env: Any) -> None:
+    cfg = {"flags": {"plugin": {"deviceListStrategy": ["volume-mounts"]}}}
+    assert effective_device_list_strategy(cfg, None) == ["volume-mounts"]
+    assert effective_device_list_strategy({}, None) == ["envvar"]
+    assert effective_device_list_strategy(cfg, {"cdi": {"enabled": True}}) == ["cdi-annotations", "cdi-cri"]
+    env = {"cdi": {"enabled": True}, "devicePlugin": {"env": [{"name": "DEVICE_LIST_STRATEGY", "value": "envvar"}]}}
+    assert effective_device_list_strategy(cfg, env) == ["envvar"]
+
+    ctx = context(write_env, dev_data)
+    assert fired(ctx, "device-list-strategy-not-envvar") == []
+    ctx.plan = [PlanResource("kubernetes:helm.sh/v3:Release", "dev-metal-gpu-operator",
+                             {"chart": "gpu-operator", "values": {"cdi": {"enabled": False},
+                                                                   "devicePlugin": {"env": [
+                                                                       {"name": "DEVICE_LIST_STRATEGY",
+                                                                        "value": "envvar"}]}}})]
+    violations = fired(ctx, "device-list-strategy-not-envvar")
+    assert violations and all("dev-metal-gpu-operator" in v.where for v in violations)
+
+
+def test_promotion_rule(dev_data: dict[str, Any], write_env: Any) -> None:
+    pilot = resolve_env("pilot")
+    dev_data["name"] = "prod"
+    assert fired(context(write_env, dev_data, source=pilot), "promotion-from-pilot") == []
+    dev_data["pools"][0]["profile"] = "mig-small"
+    dev_data["tenants"] = []
+    dev_data["defaults"]["toolkit_version"] = "1.18.3"
+    wheres = {v.where: v.message for v in fired(context(write_env, dev_data, source=pilot), "promotion-from-pilot")}
+    assert "does not run in pilot" in wheres["pool a100-inference"]
+    assert "toolkit version 1.18.3" in wheres["defaults.toolkit_version"]
+
+
+# ---------------------------------------------------------------- waivers
+
+
+def _waivers(tmp_path: Path, items: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "waivers.yaml"
+    path.write_text(yaml.safe_dump({"waivers": items}, sort_keys=False))
+    return path
+
+
+def test_waiver_moves_a_violation_and_expired_waiver_is_a_violation(tmp_path: Path, dev_data: dict[str, Any],
+                                                                     write_env: Any) -> None:
+    _inferred_placements(dev_data)
+    ctx = context(write_env, dev_data)
+    waiver = {"rule": "exact-mig-placements", "environment": "prod", "where": "pool a100-*",
+              "reason": "H200 placements confirmed by hand on node h200-01", "expires": "2027-01-31"}
+    waivers, file = load_waivers(_waivers(tmp_path, [waiver]))
+    report = evaluate(ctx, waivers, TODAY, file, rules=[RULES["exact-mig-placements"]])
+    assert report.ok and report.violations == [] and len(report.waived) == 1
+    late = evaluate(ctx, waivers, date(2027, 2, 1), file, rules=[RULES["exact-mig-placements"]])
+    assert not late.ok
+    assert {v.rule for v in late.violations} == {"waiver-expired", "exact-mig-placements"}
+    expired = next(v for v in late.violations if v.rule == "waiver-expired")
+    assert expired.where.endswith("waivers[0]") and "2027-01-31" in expired.message
+
+
+@pytest.mark.parametrize(("item", "text"), [
+    ({"rule": "exact-mig-placements", "environment": "prod", "expires": "2027-01-01"}, "reason"),
+    ({"rule": "exact-mig-placements", "environment": "prod", "reason": "a good long reason"}, "expires"),
+    ({"rule": "no-such-rule", "environment": "prod", "reason": "a good long reason", "expires": "2027-01-01"},
+     "no rule named 'no-such-rule'"),
+])
+def test_bad_waivers_are_errors(tmp_path: Path, item: dict[str, Any], text: str) -> None:
+    path = _waivers(tmp_path, [item])
+    with pytest.raises(GpushareError) as info:
+        load_waivers(path)
+    assert any(text in str(p) for p in info.value.problems)
+    assert info.value.problems[0].file == str(path)
+
+
+@pytest.mark.parametrize(("mutate", "text"), [
+    (lambda g: g["environments"]["prod"].__setitem__("max_oversubscriptoin", 2), "unknown key"),
+    (lambda g: g["environments"]["prod"].__setitem__("max_oversubscription", 0.5), "greater than or equal to 1"),
+    (lambda g: g["toolkit"].__setitem__("min_version", "1.17.0"), "below a listed fix"),
+    (lambda g: g["environments"]["prod"]["max_shared_replicas"].pop("small"), "every memory class"),
+    (lambda g: g["environments"]["prod"].__setitem__("promote_from", "staging"), "unknown environment"),
+])
+def test_bad_guardrails_are_errors(tmp_path: Path, mutate: Callable[[dict[str, Any]], None], text: str) -> None:
+    data = yaml.safe_load((ROOT / "policies" / "guardrails.yaml").read_text())
+    mutate(data)
+    path = tmp_path / "guardrails.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(GpushareError) as info:
+        load_guardrails(path)
+    assert any(text in str(p) for p in info.value.problems), [str(p) for p in info.value.problems]
+
+
+def test_every_rule_is_documented() -> None:
+    for r in RULES.values():
+        assert r.id == r.id.lower() and " " not in r.id
+        assert r.description and r.remediation and r.level in ("mandatory", "advisory")
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_check_cli_json_and_exit_code(tmp_path: Path, dev_data: dict[str, Any]) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(app, ["check", "--env", "dev", "--json", "--no-plan"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["ok"] is True
+    _old_toolkit(dev_data)
+    path = tmp_path / "dev.yaml"
+    path.write_text(yaml.safe_dump(dev_data))
+    bad = runner.invoke(app, ["check", "--env", str(path), "--json", "--no-plan"])
+    assert bad.exit_code == 1
+    data = json.loads(bad.output)
+    assert data["ok"] is False
+    assert data["violations"][0].keys() == {"rule", "level", "where", "message", "fix"}
+    assert data["violations"][0]["rule"] == "toolkit-cve-floor"
+    table = runner.invoke(app, ["check", "--env", str(path), "--no-plan"], env={"COLUMNS": "200"})
+    assert table.exit_code == 1 and "toolkit-cve-floor" in table.output and "FAIL" in table.output
