@@ -1,0 +1,7 @@
+"""`pulumi preview --policy-pack policies/pack`: the guardrail rules of gpushare.policies as a policy pack."""
+
+from pulumi_policy import PolicyPack
+
+from gpushare.policy_pack import policies
+
+PolicyPack(name="gpushare-guardrails", policies=policies())

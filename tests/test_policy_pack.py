@@ -1,0 +1,94 @@
+"""The Pulumi policy pack and `gpushare check` report the same violations for the same input."""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pulumi_policy import EnforcementLevel, PolicyCustomTimeouts, PolicyResource, PolicyResourceOptions
+
+from gpushare.guardrails import load_guardrails
+from gpushare.policies import RULES, Context, PlanResource, Waiver, evaluate
+from gpushare.policy_pack import policies, run_pack, stack_of
+from gpushare.resolve import resolve
+from tests.conftest import PROFILES, ROOT
+
+TODAY = date(2026, 11, 30)
+
+
+def resource(stack: str, type_: str, name: str, props: dict[str, Any]) -> PolicyResource:
+    opts = PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [])
+    urn = f"urn:pulumi:{stack}::gpushare::{type_}::{name}"
+    return PolicyResource(type_, props, urn, name, opts, None, None, [], {})
+
+
+def stack_resources(stack: str, operator_values: dict[str, Any]) -> list[PolicyResource]:
+    return [
+        resource(stack, "pulumi:pulumi:Stack", f"gpushare-{stack}", {}),
+        resource(stack, "kubernetes:helm.sh/v3:Release", "dev-metal-gpu-operator",
+                 {"chart": "gpu-operator", "version": "v26.7.0", "values": operator_values}),
+    ]
+
+
+def test_every_rule_is_a_policy_with_its_level() -> None:
+    by_name = {p.name: p for p in policies()}
+    assert set(RULES) | {"waiver-expired"} == set(by_name)
+    for r in RULES.values():
+        expected = EnforcementLevel.MANDATORY if r.level == "mandatory" else EnforcementLevel.ADVISORY
+        assert by_name[r.id].enforcement_level == expected
+        assert by_name[r.id].description == r.description
+
+
+def test_stack_name_comes_from_the_urns() -> None:
+    assert stack_of(stack_resources("pilot", {})) == "pilot"
+
+
+def test_shipped_stacks_pass_the_pack() -> None:
+    for stack in ("dev", "pilot", "prod"):
+        found = run_pack(stack_resources(stack, {"cdi": {"enabled": True}}), waivers=[], today=TODAY)
+        assert found == {}, (stack, found)
+
+
+@pytest.mark.parametrize("waived", [False, True])
+def test_pack_and_check_report_the_same(tmp_path: Path, dev_data: dict[str, Any], write_env: Any,
+                                        waived: bool) -> None:
+    # One input, several violations: an old toolkit, an envvar device list override, an unrenamed shared profile.
+    dev_data["defaults"]["toolkit_version"] = "1.17.3"
+    dev_data["profiles"] = [{"name": "ts-plain", "kind": "time-slicing",
+                             "time_slicing": {"replicas": 2, "rename_by_default": False}}]
+    dev_data["pools"][2]["profile"] = "ts-plain"
+    dev_data["tenants"][2]["quota"] = {"nvidia.com/gpu": 4}
+    env_file = write_env(dev_data)
+    values = {"cdi": {"enabled": True},
+              "devicePlugin": {"env": [{"name": "DEVICE_LIST_STRATEGY", "value": "envvar"}]}}
+    resources = stack_resources("dev", values)
+    waivers = [Waiver(rule="toolkit-cve-floor", environment="dev", where="*", reason="vendor fix lands next week",
+                      expires=date(2026, 12, 31))] if waived else []
+
+    ctx = Context(fleet=resolve(env_file, PROFILES), guardrails=load_guardrails(),
+                  plan=[PlanResource(r.resource_type, r.name, r.props) for r in resources])
+    report = evaluate(ctx, waivers, TODAY)
+    from_check: dict[str, list[str]] = {}
+    for v in report.violations:
+        from_check.setdefault(v.rule, []).append(f"{v.where}: {v.message} (fix: {v.fix})")
+
+    from_pack = run_pack(resources, config={"environment": str(env_file)}, waivers=waivers, today=TODAY)
+    assert from_pack == from_check
+    assert {"device-list-strategy-not-envvar", "shared-replicas-renamed"} <= set(from_pack)
+    assert ("toolkit-cve-floor" in from_pack) is not waived
+
+
+def test_expired_waiver_fails_the_pack(dev_data: dict[str, Any], write_env: Any) -> None:
+    waivers = [Waiver(rule="exact-mig-placements", environment="dev", where="*", reason="old exception, long gone",
+                      expires=date(2026, 1, 1))]
+    found = run_pack(stack_resources("dev", {}), config={"environment": str(write_env(dev_data))},
+                     waivers=waivers, today=TODAY)
+    assert list(found) == ["waiver-expired"]
+
+
+def test_pack_files_exist() -> None:
+    assert (ROOT / "policies" / "pack" / "PulumiPolicy.yaml").exists()
+    text = (ROOT / "policies" / "pack" / "__main__.py").read_text()
+    assert "PolicyPack(" in text and "policies()" in text
