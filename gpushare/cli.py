@@ -96,12 +96,19 @@ def _fmt_resources(resources: dict[str, int]) -> str:
 @app.command()
 def plan(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = False) -> None:
     """Show what every pool and node becomes: GPUs, profile, MIG layout, advertised resources, ratio."""
+    from gpushare.guardrails import load_guardrails
+    from gpushare.tenancy import fleet_tenancy
+
     try:
         fleet = _resolve(env, profiles)
+        tenancy = fleet_tenancy(fleet, load_guardrails())
     except GpushareError as err:
         raise fail(err, as_json) from None
+    warnings = fleet.warnings + [w for ct in tenancy.values() for w in ct.warnings]
     if as_json:
-        print(json.dumps({"ok": True, **fleet.as_dict()}, indent=2))
+        shares = {c: {s.tenant.name: {"guaranteed": s.nominal, "borrowable": s.borrowable} for s in ct.shares}
+                  for c, ct in tenancy.items()}
+        print(json.dumps({"ok": True, **fleet.as_dict(), "tenancy": shares, "warnings": warnings}, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
@@ -139,15 +146,18 @@ def plan(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = 
                    str(t.advertised_total), f"{t.oversubscription:.2f}")
     console.print(totals)
     if fleet.tenants:
-        tenants = Table(title="tenants")
-        for col in ("tenant", "namespace", "trust", "priority", "clusters", "quota"):
-            tenants.add_column(col)
-        for ten in fleet.tenants:
-            tenants.add_row(ten.name, ten.namespace, ten.trust, ten.priority, ", ".join(ten.clusters),
-                            _fmt_resources(ten.quota))
+        tenants = Table(title="tenants: guaranteed (Kueue nominal quota) and borrowable from idle quota")
+        for col in ("tenant", "namespace", "trust", "priority", "cluster", "guaranteed", "borrowable"):
+            tenants.add_column(col, overflow="fold", no_wrap=col in ("guaranteed", "borrowable"))
+        for cluster, cluster_tenancy in tenancy.items():
+            for share in cluster_tenancy.shares:
+                ten = share.tenant
+                tenants.add_row(ten.name, ten.namespace, ten.trust, ten.priority, cluster,
+                                _fmt_resources({k: v for k, v in share.nominal.items() if v}) or "-",
+                                _fmt_resources({k: v for k, v in share.borrowable.items() if v}) or "-")
         console.print(tenants)
     console.print("oversubscription = schedulable GPU resources / hardware units (a whole GPU or a MIG instance)")
-    for w in fleet.warnings:
+    for w in warnings:
         console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -48,6 +48,41 @@ class ToolkitPolicy(Strict):
         return [f for f in self.fixes if v < version_tuple(f.fixed_in)]
 
 
+class PriorityClassPolicy(Strict):
+    value: int = Field(ge=0, le=1_000_000_000)
+    preemption_policy: Literal["PreemptLowerPriority", "Never"]
+
+
+Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti)?$")]
+
+
+class HostResources(Strict):
+    cpu: Quantity
+    memory: Quantity
+
+
+class ContainerDefaults(Strict):
+    request: HostResources
+    limit: HostResources
+    max: HostResources
+
+
+class TenancyPolicy(Strict):
+    priority_classes: dict[Literal["online", "batch"], PriorityClassPolicy]
+    container_defaults: ContainerDefaults
+
+    @model_validator(mode="after")
+    def _online_above_batch(self) -> TenancyPolicy:
+        from gpushare.spec import invalid
+
+        classes = self.priority_classes
+        if set(classes) != {"online", "batch"}:
+            raise invalid("tenancy.priority_classes needs online and batch", "define both")
+        if classes["online"].value <= classes["batch"].value:
+            raise invalid("the online priority must be above the batch priority", "raise online's value")
+        return self
+
+
 class EnvironmentGuardrails(Strict):
     max_oversubscription: float = Field(ge=1.0, le=64.0)
     max_shared_replicas: dict[str, Annotated[int, Field(ge=2, le=64)]]
@@ -64,6 +99,7 @@ class Guardrails(Strict):
     version: int = Field(ge=1, le=1)
     memory_classes: list[MemoryClass] = Field(min_length=1)
     toolkit: ToolkitPolicy
+    tenancy: TenancyPolicy
     environments: dict[str, EnvironmentGuardrails]
 
     @model_validator(mode="after")

@@ -1,0 +1,162 @@
+"""Tenancy and Kueue objects from the resolved fleet: exact resource names, zero shared quota for untrusted
+tenants, one source of numbers (ResourceQuota = nominal + borrowing), and schema-valid objects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpushare.guardrails import load_guardrails
+from gpushare.resolve import resolve, resolve_env
+from gpushare.tenancy import COHORT, SPARE_QUEUE, cluster_tenancy, fleet_tenancy
+from tests.conftest import PROFILES
+
+CRDS = Path(__file__).parent / "data" / "crds" / "kueue"
+
+
+def crd_schemas() -> dict[str, dict[str, Any]]:
+    out = {}
+    for path in CRDS.glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        for version in crd["spec"]["versions"]:
+            key = f"{crd['spec']['group']}/{version['name']}/{crd['spec']['names']['kind']}"
+            out[key] = version["schema"]["openAPIV3Schema"]
+    return out
+
+
+def validate(obj: dict[str, Any], schemas: dict[str, dict[str, Any]]) -> None:
+    if obj["apiVersion"].startswith("kueue.x-k8s.io/"):
+        schema = schemas[f"{obj['apiVersion']}/{obj['kind']}"]
+        jsonschema.validate(obj, schema)
+    else:
+        kubernetes_validate.validate(obj, "1.31", strict=True)
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"] if "namespace" not in o["metadata"] else
+            f"{o['metadata']['namespace']}/{o['metadata']['name']}": o for o in objects if o["kind"] == kind}
+
+
+@pytest.mark.parametrize("env", ["dev", "pilot", "prod"])
+def test_every_object_is_schema_valid(env: str) -> None:
+    schemas = crd_schemas()
+    tenancy = fleet_tenancy(resolve_env(env), load_guardrails())
+    for ct in tenancy.values():
+        assert ct.warnings == []
+        for obj in ct.objects:
+            validate(obj, schemas)
+
+
+def test_quota_is_nominal_plus_borrowing_on_advertised_names() -> None:
+    ct = cluster_tenancy(resolve_env("dev"), "dev-metal", load_guardrails())
+    quota = by_kind(ct.objects, "ResourceQuota")["search-inference/gpushare-gpu-quota"]["spec"]["hard"]
+    # every advertised GPU resource is listed, 0 where the tenant has none (missing would mean unlimited)
+    assert quota == {"requests.nvidia.com/gpu": "0", "requests.nvidia.com/gpu.shared": "0",
+                     "requests.nvidia.com/mig-1g.10gb": "0", "requests.nvidia.com/mig-2g.20gb": "4",
+                     "requests.nvidia.com/mig-3g.40gb": "6"}
+    cq = by_kind(ct.objects, "ClusterQueue")["tenant-search"]["spec"]
+    entries = {(f["name"], r["name"]): r for g in cq["resourceGroups"] for f in g["flavors"] for r in f["resources"]}
+    assert entries[("a100-inference", "nvidia.com/mig-3g.40gb")] == {
+        "name": "nvidia.com/mig-3g.40gb", "nominalQuota": 4, "borrowingLimit": 2}
+    assert cq["cohortName"] == COHORT
+
+
+def test_untrusted_tenant_gets_zero_shared_quota(dev_data: dict[str, Any], write_env: Any) -> None:
+    dev_data["tenants"][3]["quota"]["nvidia.com/gpu.shared"] = 4  # a policy violation, still never granted
+    ct = cluster_tenancy(resolve(write_env(dev_data), PROFILES), "dev-metal", load_guardrails())
+    quota = by_kind(ct.objects, "ResourceQuota")["partner-eval/gpushare-gpu-quota"]["spec"]["hard"]
+    assert quota["requests.nvidia.com/gpu.shared"] == "0"
+    assert quota["requests.nvidia.com/mig-1g.10gb"] == "8"
+    ns = by_kind(ct.objects, "Namespace")["partner-eval"]
+    assert ns["metadata"]["labels"]["gpushare.io/trust"] == "untrusted"
+
+
+@pytest.mark.parametrize(("strategy", "profile", "expected"), [
+    ("mixed", "mig-small", "requests.nvidia.com/mig-1g.10gb"),
+    ("single", "mig-small", "requests.nvidia.com/gpu"),
+    ("mixed", "mig-small-ts2", "requests.nvidia.com/mig-1g.10gb.shared"),
+    ("mixed", "notebooks-ts4", "requests.nvidia.com/gpu.shared"),
+])
+def test_quota_names_follow_the_device_plugin(dev_data: dict[str, Any], write_env: Any, strategy: str,
+                                              profile: str, expected: str) -> None:
+    dev_data["clusters"][0]["mig_strategy"] = strategy
+    dev_data["pools"] = [{"name": "p", "cluster": "dev-metal", "purpose": "inference",
+                          "gpu_model": "NVIDIA A100-SXM4-80GB", "profile": profile,
+                          "hosts": [{"name": "h", "address": "10.0.0.1", "gpu_count": 2}]}]
+    resource = expected.removeprefix("requests.")
+    dev_data["tenants"] = [{"name": "t", "namespace": "t", "trust": "trusted", "priority": "batch",
+                            "quota": {resource: 3}}]
+    ct = cluster_tenancy(resolve(write_env(dev_data), PROFILES), "dev-metal", load_guardrails())
+    assert by_kind(ct.objects, "ResourceQuota")["t/gpushare-gpu-quota"]["spec"]["hard"] == {expected: "3"}
+
+
+def test_without_rename_quota_cannot_tell_shared_from_whole(dev_data: dict[str, Any], write_env: Any) -> None:
+    dev_data["profiles"] = [{"name": "ts-plain", "kind": "time-slicing",
+                             "time_slicing": {"replicas": 2, "rename_by_default": False}}]
+    dev_data["pools"][2]["profile"] = "ts-plain"
+    dev_data["tenants"] = [t for t in dev_data["tenants"] if t["name"] != "notebooks"]
+    ct = cluster_tenancy(resolve(write_env(dev_data), PROFILES), "dev-metal", load_guardrails())
+    groups = by_kind(ct.objects, "ClusterQueue")["tenant-research"]["spec"]["resourceGroups"]
+    (gpu_group,) = [g for g in groups if g["coveredResources"] == ["nvidia.com/gpu"]]
+    # whole H100s and time-sliced L4s share one name, so one resource group with two flavors
+    assert [f["name"] for f in gpu_group["flavors"]] == ["h100-training", "l4-notebooks"]
+
+
+def test_each_tenant_has_a_local_queue_in_the_cohort() -> None:
+    fleet = resolve_env("pilot")
+    for cluster, ct in fleet_tenancy(fleet, load_guardrails()).items():
+        queues = by_kind(ct.objects, "ClusterQueue")
+        local = by_kind(ct.objects, "LocalQueue")
+        tenants = [t for t in fleet.tenants if cluster in t.clusters]
+        assert len(local) == len(tenants)
+        for t in tenants:
+            lq = local[f"{t.namespace}/gpushare"]
+            cq = queues[lq["spec"]["clusterQueue"]]
+            assert cq["spec"]["cohortName"] == COHORT
+            assert cq["spec"]["namespaceSelector"] == {"matchLabels": {"gpushare.io/tenant": t.name}}
+            assert cq["spec"]["preemption"]["reclaimWithinCohort"] == "Any"
+
+
+def test_flavors_cover_every_advertised_resource() -> None:
+    fleet = resolve_env("prod")
+    for cluster, ct in fleet_tenancy(fleet, load_guardrails()).items():
+        advertised = {r for p in fleet.pools if p.cluster == cluster for r in p.totals.advertised}
+        covered = {r for f in ct.flavors for r in f.resources}
+        assert covered == advertised
+        queues = by_kind(ct.objects, "ClusterQueue")
+        for cq in queues.values():
+            assert {r for g in cq["spec"]["resourceGroups"] for r in g["coveredResources"]} == advertised
+
+
+def test_unassigned_capacity_is_lendable() -> None:
+    ct = cluster_tenancy(resolve_env("pilot"), "pilot-metal", load_guardrails())
+    spare = by_kind(ct.objects, "ClusterQueue")[SPARE_QUEUE]["spec"]
+    assert "namespaceSelector" not in spare  # admits from no namespace; only lends
+    nominal = {(f["name"], r["name"]): r["nominalQuota"] for g in spare["resourceGroups"] for f in g["flavors"]
+               for r in f["resources"]}
+    # 3g.40gb: a100-inference has 16, search takes 8 and assistant 4 there first (more isolated pools come first,
+    # then catalog order); h100-llm-serving's 8 are all spare. 4g.40gb: search takes 4 of h100-llm-serving's 8.
+    assert nominal[("a100-inference", "nvidia.com/mig-3g.40gb")] == 4
+    assert nominal[("h100-llm-serving", "nvidia.com/mig-3g.40gb")] == 8
+    assert nominal[("h100-llm-serving", "nvidia.com/mig-4g.40gb")] == 4
+    assert nominal[("a100-inference", "nvidia.com/mig-1g.10gb")] == 16
+
+
+def test_quotas_above_the_fleet_warn_with_totals(dev_data: dict[str, Any], write_env: Any) -> None:
+    dev_data["tenants"][1]["quota"]["nvidia.com/gpu"] = 12
+    ct = cluster_tenancy(resolve(write_env(dev_data), PROFILES), "dev-metal", load_guardrails())
+    assert ct.warnings == ["cluster dev-metal: tenants are guaranteed 12 nvidia.com/gpu but the pools advertise 8"]
+
+
+def test_priority_classes() -> None:
+    ct = cluster_tenancy(resolve_env("dev"), "dev-metal", load_guardrails())
+    pcs = by_kind(ct.objects, "PriorityClass")
+    assert pcs["gpushare-batch"]["preemptionPolicy"] == "Never"
+    assert pcs["gpushare-online"]["preemptionPolicy"] == "PreemptLowerPriority"
+    assert pcs["gpushare-online"]["value"] > pcs["gpushare-batch"]["value"]
+    assert set(by_kind(ct.objects, "WorkloadPriorityClass")) == set(pcs)
