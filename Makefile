@@ -2,18 +2,44 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: plan test lint venv schema bench clean
+.PHONY: plan test lint venv schema bench clean test-deps promtool
 
 plan: venv
 	$(BIN)/gpushare plan --env dev
+	$(BIN)/gpushare preview --env dev --out build/dev
 
-test: venv lint
+test: venv lint test-deps promtool
 	$(BIN)/pytest
 
 lint: venv
 	$(BIN)/ruff check gpushare infra tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/yamllint -s environments profiles
+	$(BIN)/ruff check playbooks
+	$(BIN)/yamllint -s playbooks tests/ansible
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/ansible-playbook --syntax-check -i localhost, \
+		playbooks/site.yml playbooks/rollout.yml playbooks/verify.yml
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/ansible-lint -q -c playbooks/.ansible-lint playbooks
+
+# What the Ansible tests need on this machine (tests/ansible: debootstrap'd hosts booted with systemd-nspawn,
+# reached over ssh, fed from a local apt repository); apt-get runs only when something is missing.
+TEST_TOOLS := debootstrap:debootstrap systemd-nspawn:systemd-container ssh:openssh-client ssh-keygen:openssh-client \
+	ip:iproute2 dpkg-scanpackages:dpkg-dev dpkg-deb:dpkg
+test-deps:
+	@missing=$$(for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || echo $${t#*:}; done | sort -u); \
+	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
+
+# promtool and prometheus for the monitoring and capacity tests (Debian's prometheus package), installed only when
+# missing. The tests run their own server on 127.0.0.1; the package's service would listen on every interface, so
+# it is kept from starting during the install (policy-rc.d, removed again unless it was already there).
+promtool:
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
+	  apt-get update -qq; blocked=; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; \
+	    chmod +x /usr/sbin/policy-rc.d; blocked=1; fi; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; rc=$$?; \
+	  if [ -n "$$blocked" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc; \
+	fi
 
 venv: $(BIN)/.installed
 

@@ -13,8 +13,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpushare.cli_capacity import capacity_command
 from gpushare.cli_check import check_command
 from gpushare.cli_gpu import discover_command, mig_app
+from gpushare.cli_pack import pack_command
+from gpushare.cli_preview import preview_command
 from gpushare.errors import GpushareError
 
 if TYPE_CHECKING:
@@ -29,6 +32,9 @@ app = typer.Typer(
 app.add_typer(mig_app, name="mig")
 app.command("discover", help="List the local GPUs through NVML and match them to the catalog.")(discover_command)
 app.command("check")(check_command)
+app.command("capacity")(capacity_command)
+app.command("preview")(preview_command)
+app.command("pack")(pack_command)
 
 EnvOption = Annotated[str, typer.Option("--env", "-e", help="Environment name under environments/, or a path.")]
 ProfilesOption = Annotated[

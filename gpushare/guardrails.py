@@ -95,11 +95,62 @@ class EnvironmentGuardrails(Strict):
         return "*" in self.allowed_profiles or name in self.allowed_profiles
 
 
+# A Prometheus duration as rules and subqueries take it (one unit: 90s, 15m, 12h, 7d).
+Duration = Annotated[str, Field(pattern=r"^[1-9][0-9]*(s|m|h|d|w)$")]
+Ratio = Annotated[float, Field(gt=0, lt=1)]
+
+
+def duration_seconds(text: str) -> int:
+    """Seconds of a Duration ("15m" -> 900)."""
+    return int(text[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[text[-1]]
+
+
+class MonitoringPolicy(Strict):
+    """Alert thresholds of the rendered PrometheusRule."""
+
+    critical_xids: list[Annotated[int, Field(ge=1, le=1000)]] = Field(min_length=1)
+    gpu_temperature_celsius: float = Field(gt=40, lt=120)
+    memory_temperature_celsius: float = Field(gt=40, lt=120)
+    temperature_for: Duration
+    thermal_throttle_ratio: Ratio
+    thermal_throttle_for: Duration
+    memory_full_ratio: Ratio
+    memory_full_for: Duration
+    pool_underused_ratio: Ratio
+    pool_underused_for: Duration
+    contended_pending_workloads: int = Field(ge=1)
+    queue_wait_seconds: float = Field(gt=0)
+    contended_for: Duration
+    absent_for: Duration
+
+
+class CapacityPolicy(Strict):
+    """Targets of `gpushare capacity` (limits stay with the environments)."""
+
+    start_ratio: float = Field(ge=1.0, le=64.0)
+    target_utilization: Ratio
+    max_p95_utilization: Ratio
+    memory_headroom: float = Field(ge=0, lt=1)
+    min_coverage: Ratio
+    step: Duration
+
+    @model_validator(mode="after")
+    def _target_below_peak(self) -> CapacityPolicy:
+        from gpushare.spec import invalid
+
+        if self.target_utilization > self.max_p95_utilization:
+            raise invalid("capacity.target_utilization is above capacity.max_p95_utilization",
+                          "a mean cannot exceed the 95th percentile it sits under: lower target_utilization")
+        return self
+
+
 class Guardrails(Strict):
     version: int = Field(ge=1, le=1)
     memory_classes: list[MemoryClass] = Field(min_length=1)
     toolkit: ToolkitPolicy
     tenancy: TenancyPolicy
+    monitoring: MonitoringPolicy
+    capacity: CapacityPolicy
     environments: dict[str, EnvironmentGuardrails]
 
     @model_validator(mode="after")

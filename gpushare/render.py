@@ -143,6 +143,10 @@ def render_fleet(fleet: ResolvedFleet) -> Rendered:
     for version in versions:
         runtime = containerd_runtime(version)
         out.files[f"containerd/{runtime.filename}"] = runtime_template.render(r=runtime)
+    from gpushare.guardrails import load_guardrails  # guardrails imports resolve, as this module does
+    from gpushare.monitoring import render_monitoring
+
+    out.files.update(render_monitoring(fleet, load_guardrails()))  # counters CSV, rules per cluster, dashboards
     out.files["fleet.json"] = json.dumps(fleet.as_dict(), indent=2, sort_keys=False) + "\n"
     return out
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -311,8 +312,7 @@ class _Resolver:
 
     def device_plugin_config(self, profile: Any, cluster: spec.Cluster, layout: dict[str, int] | None) -> str:
         content = device_plugin_content(profile, cluster, layout)
-        digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:8]
-        name = f"{profile.name}-{digest}"
+        name = f"{profile.name}-{device_plugin_digest(content)}"
         self.dp_configs.setdefault(name, DevicePluginConfig(name=name, cluster=cluster.name, content=content))
         return name
 
@@ -564,6 +564,27 @@ class _Resolver:
             out.append(ResolvedTenant(name=t.name, namespace=t.namespace, trust=t.trust, priority=t.priority,
                                       clusters=used, quota=dict(t.quota), borrowing_limit=dict(t.borrowing_limit)))
         return out
+
+
+def device_plugin_digest(content: dict[str, Any]) -> str:
+    """The content hash that ends a device-plugin config's name: a changed config is a new name."""
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:8]
+
+
+# Operands that Ansible provides itself on the hosts it manages: driver, toolkit, MIG (mig-parted's systemd unit)
+# and the DCGM host engine (read by a separate hostNetwork exporter).
+HOST_STACK_OPT_OUTS = ("driver", "container-toolkit", "mig-manager", "dcgm-exporter")
+
+
+def host_opt_outs(nodes: Iterable[ResolvedNode]) -> dict[str, dict[str, str]]:
+    """GPU Operator opt-out labels (set by Pulumi) per Ansible-managed host of one cluster. Needed only where the
+    cluster also has operator-managed nodes: an all-Ansible cluster turns those operands off in the operator's
+    values instead, and the operator's mig-manager would otherwise apply all-disabled to the hosts."""
+    members = list(nodes)
+    if not any(n.managed_by == "gpu-operator" for n in members):
+        return {}
+    return {n.name: {f"nvidia.com/gpu.deploy.{operand}": "false" for operand in HOST_STACK_OPT_OUTS}
+            for n in members if n.managed_by == "ansible"}
 
 
 def generic_layout(model: GpuModel, form: str) -> dict[str, int]:

@@ -1,28 +1,55 @@
-"""The Pulumi program: `pulumi up -s <env>` loads the stack's environment file and resolves it.
+"""The Pulumi program: `pulumi up -s <env>` makes the Kubernetes side of the stack's environment true.
 
-This first version registers no cloud or Kubernetes resources yet (the NVIDIA stack, node pools and
-monitoring components come with issue 3); it fails the preview on any invalid fleet and exports what
-the fleet will provide, per pool and for the environment."""
+Per cluster: a Kubernetes provider, the monitoring prerequisite, node opt-out labels and pool labels/taints on bare
+metal, the NVIDIA stack (GPU Operator chart with every sharing config), cloud node pools, and gpushare's rules and
+dashboards. Every cluster is computed and checked before the first resource is registered, so bad input fails the
+preview with nothing applied. Outputs: capacity per pool and for the environment."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import pulumi
+# `pulumi up` runs this directory as a script: put the project root first so `infra.*` and `gpushare` import.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpushare.errors import GpushareError
-from gpushare.resolve import project_root, resolve
+import pulumi  # noqa: E402
 
-config = pulumi.Config("gpushare")
-env_file = Path(config.require("environment"))
-if not env_file.is_absolute():
-    env_file = project_root() / env_file
+from gpushare.errors import GpushareError  # noqa: E402
+from gpushare.guardrails import load_guardrails  # noqa: E402
+from gpushare.resolve import project_root, resolve  # noqa: E402
+from infra.components import operator_values as ov  # noqa: E402
+from infra.program import plan_cluster, register_cluster  # noqa: E402
+from infra.stack_config import load_stack_config  # noqa: E402
+
+
+def main() -> None:
+    stack = load_stack_config()
+    env_file = Path(stack.environment)
+    if not env_file.is_absolute():
+        env_file = project_root() / env_file
+    fleet = resolve(env_file)
+    stack.check_clusters(list(fleet.clusters))
+    guardrails = load_guardrails()
+    kept = ov.kept_device_plugin_configs(stack.keep_device_plugin_configs, fleet, project_root(), stack.file)
+    plans = []
+    for cluster in fleet.clusters.values():
+        if not any(p.cluster == cluster.name for p in fleet.pools):
+            pulumi.log.warn(f"cluster {cluster.name} has no GPU pools: nothing is registered for it")
+            continue
+        plans.append(plan_cluster(fleet, cluster, stack, guardrails, kept))
+    for warning in fleet.warnings:
+        pulumi.log.warn(warning)
+
+    for plan in plans:
+        register_cluster(fleet, plan)
+    for pool in fleet.pools:
+        pulumi.export(f"pool:{pool.name}", {"cluster": pool.cluster, "profile": pool.profile,
+                                            **pool.totals.as_dict()})
+    pulumi.export("environment", {"name": fleet.environment, **fleet.totals.as_dict()})
+
 
 try:
-    fleet = resolve(env_file)
+    main()
 except GpushareError as err:
-    raise pulumi.RunError(f"environment {env_file} is invalid:\n{err}") from None
-
-for pool in fleet.pools:
-    pulumi.export(f"pool:{pool.name}", {"cluster": pool.cluster, "profile": pool.profile, **pool.totals.as_dict()})
-pulumi.export("environment", {"name": fleet.environment, **fleet.totals.as_dict()})
+    raise pulumi.RunError(f"stack {pulumi.get_stack()} cannot be planned:\n{err}") from err

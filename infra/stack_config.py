@@ -1,0 +1,162 @@
+"""Stack configuration (`Pulumi.<env>.yaml`): what the environment file does not describe (kubeconfig contexts,
+cloud cluster prerequisites, the monitoring stack, rollout leftovers). Read once, as one typed model; every
+default lives here and nowhere else."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pulumi
+from pulumi.runtime import config as runtime_config
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from gpushare import spec
+from gpushare.errors import GpushareError, Problem
+
+NAMESPACE = "gpushare"
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+
+class MonitoringSettings(_Settings):
+    mode: Literal["existing", "install"] = Field(
+        description="existing: a kube-prometheus-stack release already runs in the cluster (only gpushare's rules and "
+        "dashboards are created, with its release label); install: this program installs one (chart pinned).")
+    release: str = Field("kube-prometheus-stack", description="Release name; its `release` label selects rules.")
+    namespace: str = "monitoring"
+
+
+class GkeSettings(_Settings):
+    project: str
+    location: str = Field(description="Region or zone of the GKE cluster.")
+    cluster: str = Field(description="Name of the existing GKE cluster the node pools join.")
+    driver_version: Literal["DEFAULT", "LATEST"] = Field(
+        "DEFAULT", description="GKE's driver for GKE-managed pools (operator-managed pools disable GKE's installer).")
+    driver_installer_manifest: str | None = Field(
+        None, description="Google's driver-installer DaemonSet manifest (URL or path) for operator-managed pools, "
+        "e.g. container-engine-accelerators nvidia-driver-installer/cos/daemonset-preloaded.yaml.")
+    service_account: str | None = None
+
+
+class EksSettings(_Settings):
+    cluster: str = Field(description="Name of the existing EKS cluster the node groups join.")
+    node_role_arn: str
+    subnet_ids: list[str] = Field(min_length=1)
+
+
+class ClusterSettings(_Settings):
+    kubeconfig_context: str | None = None
+    gke: GkeSettings | None = None
+    eks: EksSettings | None = None
+    monitoring: MonitoringSettings | None = None
+
+
+class KeptConfig(_Settings):
+    """A device-plugin config no longer in the environment that nodes still use, with its rendered file."""
+
+    name: str
+    file: str
+
+
+class StackConfig(_Settings):
+    stack: str
+    environment: str
+    protect: bool = Field(False, description="Protect the GPU Operator release from deletion (prod).")
+    monitoring: MonitoringSettings | None = None
+    clusters: dict[str, ClusterSettings] = Field(default_factory=dict)
+    keep_device_plugin_configs: list[str | KeptConfig] = Field(default_factory=list)
+    operator_values: dict[str, Any] = Field(
+        default_factory=dict, description="Site additions to the GPU Operator values (image mirrors, resources); "
+        "keys gpushare sets itself are refused.")
+
+    @property
+    def file(self) -> str:
+        return f"Pulumi.{self.stack}.yaml"
+
+    def problem(self, key: str, message: str, fix: str) -> Problem:
+        return Problem(message, file=self.file, path=f"{NAMESPACE}:{key}", fix=fix)
+
+    def cluster(self, name: str) -> ClusterSettings:
+        return self.clusters.get(name) or ClusterSettings()
+
+    def kubeconfig_context(self, cluster: spec.Cluster) -> str:
+        context = self.cluster(cluster.name).kubeconfig_context or cluster.kubeconfig_context
+        if not context:
+            raise GpushareError(self.problem(
+                f"clusters.{cluster.name}.kubeconfigContext",
+                f"cluster {cluster.name!r} has no kubeconfig context",
+                "set kubeconfig_context on the cluster in the environment file, or "
+                f"gpushare:clusters.{cluster.name}.kubeconfigContext in {self.file}"))
+        return context
+
+    def gke(self, cluster: spec.Cluster) -> GkeSettings:
+        found = self.cluster(cluster.name).gke
+        if found is None:
+            raise GpushareError(self.problem(
+                f"clusters.{cluster.name}.gke", f"GKE cluster {cluster.name!r} needs its project, location and name",
+                f"add gpushare:clusters.{cluster.name}.gke: {{project, location, cluster}} to {self.file}"))
+        return found
+
+    def eks(self, cluster: spec.Cluster) -> EksSettings:
+        found = self.cluster(cluster.name).eks
+        if found is None:
+            raise GpushareError(self.problem(
+                f"clusters.{cluster.name}.eks", f"EKS cluster {cluster.name!r} needs its name, node role and subnets",
+                f"add gpushare:clusters.{cluster.name}.eks: {{cluster, nodeRoleArn, subnetIds}} to {self.file}"))
+        return found
+
+    def monitoring_for(self, cluster: spec.Cluster) -> MonitoringSettings:
+        found = self.cluster(cluster.name).monitoring or self.monitoring
+        if found is None:
+            raise GpushareError(self.problem(
+                "monitoring", f"no monitoring stack is named for cluster {cluster.name!r}",
+                "set gpushare:monitoring: {mode: existing|install, release, namespace} (or per cluster under "
+                f"gpushare:clusters.{cluster.name}.monitoring) in {self.file}"))
+        return found
+
+    def check_clusters(self, known: list[str]) -> None:
+        unknown = sorted(set(self.clusters) - set(known))
+        if unknown:
+            raise GpushareError(self.problem(
+                f"clusters.{unknown[0]}", f"stack config names cluster(s) {', '.join(unknown)} that the environment "
+                "does not define", f"use the environment's cluster names: {', '.join(known)}"))
+
+
+def _config_keys() -> set[str]:
+    return {k for k in {*runtime_config.CONFIG.get(), *runtime_config.get_config_env()}
+            if k.startswith(f"{NAMESPACE}:")}
+
+
+def load_stack_config() -> StackConfig:
+    """Every `gpushare:*` key of the stack, validated at once (unknown keys are errors)."""
+    config = pulumi.Config(NAMESPACE)
+    stack = pulumi.get_stack()
+    raw: dict[str, Any] = {"stack": stack, "environment": config.require("environment")}
+    for key in sorted(_config_keys()):
+        name = key.split(":", 1)[1]
+        if name == "environment":
+            continue
+        value: Any = config.get(name)
+        if name != "protect" and isinstance(value, str) and value[:1] in "{[":
+            value = config.get_object(name)
+        elif name == "protect":
+            value = config.get_bool(name)
+        raw[name] = value
+    try:
+        return StackConfig.model_validate(raw)
+    except ValidationError as exc:
+        file = f"Pulumi.{stack}.yaml"
+        problems = []
+        for err in exc.errors(include_url=False):
+            path = ".".join(str(p) for p in err["loc"])
+            fix = ("remove the key; known keys: " + ", ".join(sorted(_known_keys())) if err["type"] == "extra_forbidden"
+                   else "see infra/stack_config.py for the expected shape")
+            problems.append(Problem(err["msg"], file=file, path=f"{NAMESPACE}:{path}", fix=fix))
+        raise GpushareError(problems) from None
+
+
+def _known_keys() -> list[str]:
+    return [f.alias or n for n, f in StackConfig.model_fields.items() if n != "stack"]

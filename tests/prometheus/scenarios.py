@@ -1,0 +1,205 @@
+"""Scenario data for a real Prometheus: DCGM-format and kube-state-metrics-format series (and Kueue's), written as
+OpenMetrics for `promtool tsdb create-blocks-from openmetrics`.
+
+Labels follow the exporters: dcgm-exporter's Hostname/UUID/gpu/modelName (GPU_I_ID/GPU_I_PROFILE on MIG instances;
+pod/namespace and `vgpu` per pod on time-sliced GPUs with --kubernetes-virtual-gpus, where only GPU_UTIL and
+FB_USED are the pod's own), kube-state-metrics' sanitised resources and `label_*` node labels."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+WAIT_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, math.inf)
+
+
+@dataclass
+class PoolLoad:
+    """What one pool did over the window."""
+
+    pool: str
+    model: str
+    memory_mib: int
+    nodes: dict[str, int]  # node -> GPUs
+    namespace: str
+    util: float  # mean busy share of each unit
+    swing: float = 0.05  # daily amplitude around the mean
+    replicas: int | None = None  # pods per GPU on a time-sliced pool (per-pod series)
+    pod_memory_mib: int = 1024  # framebuffer per pod (time-sliced) or per unit
+    mig: dict[str, tuple[int, int]] | None = None  # profile -> (instances per GPU, MiB per instance)
+    resource: str = "nvidia_com_gpu"  # kube-state-metrics spelling; MIG pools use nvidia_com_mig_<profile>
+    queue: str | None = None  # Kueue ClusterQueue of the pool's tenant
+    pending: float = 0.0
+    wait_seconds: float = 30.0
+    allocated_share: float = 1.0  # share of the advertised units that pods hold
+
+
+@dataclass
+class Scenario:
+    pools: list[PoolLoad]
+    start: int  # Unix seconds
+    end: int
+    step: int = 60
+    extra: list[str] = field(default_factory=list)
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def _util(load: PoolLoad, t: int, salt: int) -> float:
+    day = math.sin(2 * math.pi * (t % 86400) / 86400)
+    jitter = math.sin(t / 997.0 + salt) * 0.02
+    return min(1.0, max(0.0, load.util + load.swing * day + jitter))
+
+
+def _units(load: PoolLoad) -> Iterator[tuple[str, str, int, dict[str, str], int, str]]:
+    """(node, uuid, gpu index, MIG labels, memory MiB, resource) per hardware unit."""
+    for node, gpus in load.nodes.items():
+        for g in range(gpus):
+            uuid = f"GPU-{node}-{g}"
+            if load.mig is None:
+                yield node, uuid, g, {}, load.memory_mib, load.resource
+                continue
+            instance = 0
+            for profile, (count, mib) in load.mig.items():
+                for _ in range(count):
+                    instance += 1
+                    yield (node, uuid, g, {"GPU_I_ID": str(instance), "GPU_I_PROFILE": profile}, mib,
+                           "nvidia_com_mig_" + profile.replace(".", "_").replace("+", "_"))
+
+
+def write_openmetrics(scenario: Scenario, out: TextIO) -> int:
+    """Write every series, family by family; returns the number of samples."""
+    times = range(scenario.start, scenario.end + 1, scenario.step)
+    count = 0
+
+    def series(name: str, labels: dict[str, str], values: Iterator[float] | list[float]) -> None:
+        nonlocal count
+        head = name + _labels(labels) + " "
+        out.writelines(f"{head}{v:.6g} {t}\n" for t, v in zip(times, values, strict=True))
+        count += len(times)
+
+    def const(v: float) -> list[float]:
+        return [v] * len(times)
+
+    for load in scenario.pools:
+        allocatable: dict[tuple[str, str], int] = {}
+        pods: list[tuple[str, str, str]] = []  # (node, pod, resource)
+        units = list(_units(load))
+        for salt, (node, uuid, g, mig, mib, resource) in enumerate(units):
+            base = {"Hostname": node, "UUID": uuid, "gpu": str(g), "modelName": load.model, **mig}
+            util = [_util(load, t, salt) for t in times]
+            per_gpu = load.replicas or 1
+            allocatable[(node, resource)] = allocatable.get((node, resource), 0) + per_gpu
+            holders = max(0, round(per_gpu * load.allocated_share))
+            if load.replicas:
+                used = holders * load.pod_memory_mib
+                for v in range(load.replicas):
+                    pod = f"{load.pool}-{node}-{g}-{v}"
+                    labels = {**base, "vgpu": str(v), "namespace": load.namespace, "pod": pod}
+                    series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, util)  # the device value, repeated
+                    series("DCGM_FI_DEV_FB_FREE", labels, const(mib - used))
+                    if v < holders:
+                        series("DCGM_FI_DEV_FB_USED", labels, const(load.pod_memory_mib))
+                        series("DCGM_FI_DEV_GPU_UTIL", labels, [100 * u / holders for u in util])
+                        pods.append((node, pod, resource))
+            else:
+                labels = dict(base)
+                if holders:
+                    pod = f"{load.pool}-{node}-{g}-{mig.get('GPU_I_ID', '0')}"
+                    labels |= {"namespace": load.namespace, "pod": pod}
+                    pods.append((node, pod, resource))
+                series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, util)
+                series("DCGM_FI_DEV_FB_USED", labels, const(load.pod_memory_mib))
+                series("DCGM_FI_DEV_FB_FREE", labels, const(mib - load.pod_memory_mib))
+        for node in load.nodes:
+            series("kube_node_labels", {"node": node, "label_gpushare_io_pool": load.pool}, const(1))
+        for (node, resource), n in allocatable.items():
+            series("kube_node_status_allocatable", {"node": node, "resource": resource, "unit": "integer"}, const(n))
+        for node, pod, resource in pods:
+            series("kube_pod_container_resource_requests", {"namespace": load.namespace, "pod": pod,
+                                                            "container": "main", "node": node, "resource": resource,
+                                                            "unit": "integer"}, const(1))
+            series("kube_pod_status_phase", {"namespace": load.namespace, "pod": pod, "phase": "Running"}, const(1))
+        if load.queue:
+            series("kueue_pending_workloads", {"cluster_queue": load.queue, "status": "active"}, const(load.pending))
+            for le in WAIT_BUCKETS:
+                admitted = [float(i) if load.wait_seconds <= le else 0.0 for i in range(len(times))]
+                series("kueue_admission_wait_time_seconds_bucket",
+                       {"cluster_queue": load.queue, "le": "+Inf" if math.isinf(le) else f"{le:g}"}, admitted)
+    out.writelines(scenario.extra)
+    out.write("# EOF\n")
+    return count
+
+
+def backfill(scenario: Scenario, work: Path, data_dir: Path) -> int:
+    """OpenMetrics file -> TSDB blocks in data_dir (promtool); returns the samples written."""
+    import subprocess
+
+    from tests.prometheus.promtool import promtool
+
+    source = work / "series.om"
+    with source.open("w") as out:
+        samples = write_openmetrics(scenario, out)
+    hours = max(2, math.ceil((scenario.end - scenario.start) / 3600) + 2)
+    result = subprocess.run([promtool(), "tsdb", "create-blocks-from", "openmetrics",
+                             f"--max-block-duration={hours}h", str(source), str(data_dir)],
+                            capture_output=True, text=True, timeout=1800, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"promtool backfill failed: {result.stdout}\n{result.stderr}")
+    source.unlink()
+    return samples
+
+
+def rule_levels(groups: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Recording rules by dependency depth: a level reads only series of the levels before it."""
+    from gpushare.monitoring.promql import metric_names
+
+    rules = [rule for g in groups for rule in g["rules"] if "record" in rule]
+    recorded = {rule["record"] for rule in rules}
+    depth: dict[str, int] = {}
+    changed = True
+    while changed:
+        changed = False
+        for rule in rules:
+            deps = metric_names(rule["expr"]) & recorded
+            d = 1 + max((depth.get(dep, 0) for dep in deps), default=-1)
+            if depth.get(rule["record"], -1) < d:
+                depth[rule["record"]] = d
+                changed = True
+    levels: list[list[dict[str, Any]]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+    for rule in rules:
+        levels[depth[rule["record"]]].append(rule)
+    return levels
+
+
+def backfill_recording_rules(groups: list[dict[str, Any]], data_dir: Path, work: Path, start: int, end: int) -> None:
+    """What gpushare's recording rules would have recorded over [start, end], level by level: each level is
+    evaluated by `promtool tsdb create-blocks-from rules` against a server that already holds the levels before."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    from tests.prometheus.promtool import promtool
+    from tests.prometheus.server import prometheus_server
+
+    for i, level in enumerate(rule_levels(groups)):
+        rules = work / f"level-{i}.yaml"
+        rules.write_text(yaml.safe_dump({"groups": [{"name": f"level-{i}", "interval": "1m", "rules": level}]},
+                                        sort_keys=False))
+        out = work / f"level-{i}-blocks"
+        with prometheus_server(data_dir, work) as url:
+            result = subprocess.run([promtool(), "tsdb", "create-blocks-from", "rules", f"--start={start}",
+                                     f"--end={end}", f"--url={url}", f"--output-dir={out}", "--eval-interval=1m",
+                                     str(rules)], capture_output=True, text=True, timeout=3600, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"promtool rules backfill (level {i}) failed: {result.stdout}\n{result.stderr}")
+        for block in out.iterdir():
+            if block.is_dir():
+                shutil.move(str(block), str(data_dir / block.name))
+        shutil.rmtree(out, ignore_errors=True)

@@ -1,0 +1,62 @@
+"""A real Prometheus server (Debian's package) on 127.0.0.1, on a free port, over a TSDB directory; started here
+and stopped by its PID, also when the test fails."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def prometheus_server(data_dir: Path, work: Path, rule_files: tuple[Path, ...] = ()) -> Iterator[str]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise RuntimeError("prometheus is not installed: run `make promtool` (Debian's prometheus package)")
+    config = work / "prometheus.yml"
+    rules = "".join(f"\n  - {p}" for p in rule_files)
+    config.write_text(f"global:\n  evaluation_interval: 1m\nrule_files:{rules or ' []'}\nscrape_configs: []\n")
+    port = free_port()
+    log = (work / "prometheus.log").open("w")
+    process = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=60d",
+         "--query.max-samples=200000000", "--log.level=warn"],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"prometheus exited with {process.returncode}: "
+                                   f"{(work / 'prometheus.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as response:  # noqa: S310 - our own server
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("prometheus did not become ready within 60 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        log.close()
