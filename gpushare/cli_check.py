@@ -85,4 +85,5 @@ def _offline_plan(env: str) -> list[Any] | None:
     if collect is None:
         return None
     plan = collect(env)
-    return [PlanResource(type=r.type, name=r.name, inputs=r.inputs) for r in plan.resources]
+    return [PlanResource(type=r.type, name=r.name, inputs=r.inputs, cluster=plan.cluster_of(r))
+            for r in plan.resources]

@@ -32,6 +32,7 @@ class PlanResource:
     type: str
     name: str
     inputs: Mapping[str, Any]
+    cluster: str = "-"  # the Kubernetes provider (one per cluster) the resource goes through
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,50 @@ def _exact_placements(ctx: Context) -> Iterator[Finding]:
             seen.add((node.pool, model.name))
             yield (f"pool {node.pool}",
                    f"MIG on {model.name}, whose placements are {model.placement_confidence} in the catalog")
+
+
+@rule("gpu-pools-monitored", "mandatory",
+      "Every cluster with GPU pools runs dcgm-exporter (the GPU Operator's, or a host exporter where DCGM runs on "
+      "the hosts) and carries gpushare's PrometheusRule, so no pool goes unwatched.",
+      "keep dcgmExporter enabled in the operator values and the Monitoring component in the program", needs_plan=True)
+def _monitored(ctx: Context) -> Iterator[Finding]:
+    clusters = sorted({p.cluster for p in ctx.fleet.pools})
+    operators = {r.cluster: r for r in ctx.plan_of("helm.sh/v3:Release")
+                 if str(r.inputs.get("chart", "")).endswith("gpu-operator")}
+    rules = {r.cluster for r in ctx.plan_of("monitoring.coreos.com/v1:PrometheusRule")}
+    for cluster in clusters:
+        release = operators.get(cluster)
+        if release is None:
+            yield f"cluster {cluster}", "no GPU Operator release, so no dcgm-exporter"
+        elif (release.inputs.get("values", {}) or {}).get("dcgmExporter", {}).get("enabled", True) is False:
+            yield f"cluster {cluster}", f"dcgm-exporter is disabled in release {release.name}"
+        if cluster not in rules:
+            yield f"cluster {cluster}", "no gpushare PrometheusRule (GPU health and sharing alerts)"
+
+
+@rule("tenant-has-queue", "mandatory",
+      "Every tenant namespace, in every cluster the tenant uses, has a Kueue LocalQueue pointing at a ClusterQueue in "
+      "the cohort, so batch work waits for GPUs instead of being rejected.",
+      "keep the Tenancy component in the program (gpushare/tenancy.py makes the queues)", needs_plan=True)
+def _queued(ctx: Context) -> Iterator[Finding]:
+    local = {(r.cluster, (r.inputs.get("metadata") or {}).get("namespace")): r
+             for r in ctx.plan_of("kueue.x-k8s.io/v1beta2:LocalQueue")}
+    cluster_queues = {(r.cluster, (r.inputs.get("metadata") or {}).get("name")): r
+                      for r in ctx.plan_of("kueue.x-k8s.io/v1beta2:ClusterQueue")}
+    gpu_clusters = {p.cluster for p in ctx.fleet.pools}
+    for t in ctx.fleet.tenants:
+        for cluster in t.clusters:
+            if cluster not in gpu_clusters:
+                continue
+            lq = local.get((cluster, t.namespace))
+            if lq is None:
+                yield f"tenant {t.name}, cluster {cluster}", f"namespace {t.namespace} has no Kueue LocalQueue"
+                continue
+            target = (lq.inputs.get("spec") or {}).get("clusterQueue")
+            cq = cluster_queues.get((cluster, target))
+            if cq is None or not (cq.inputs.get("spec") or {}).get("cohortName"):
+                yield (f"tenant {t.name}, cluster {cluster}",
+                       f"LocalQueue of {t.namespace} points at {target!r}, which is not a ClusterQueue in a cohort")
 
 
 @rule("tenant-has-quota", "mandatory",

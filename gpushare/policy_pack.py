@@ -56,8 +56,10 @@ def _known(value: Any) -> bool:
 
 
 def plan_from_stack(resources: Iterable[PolicyResource]) -> list[PlanResource]:
-    return [PlanResource(type=r.resource_type, name=r.name, inputs=dict(r.props)) for r in resources
-            if _known(r.props)]
+    """The stack's resources as the rules see them; a resource's cluster is its Kubernetes provider's name."""
+    return [PlanResource(type=r.resource_type, name=r.name, inputs=dict(r.props),
+                         cluster=r.provider.name if r.provider is not None else "-")
+            for r in resources if _known(r.props)]
 
 
 def context_from_stack(args: StackValidationArgs) -> Context:

@@ -283,7 +283,7 @@ def kubernetes_objects(plan: Plan) -> list[KubernetesObject]:
 
 
 @cache
-def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
     """(apiVersion, kind) -> openAPIV3Schema, for every CRD copied into gpushare/data."""
     schemas = {}
     for path in sorted(DATA.glob("crd-*.yaml")):
@@ -358,7 +358,7 @@ def validate_object(obj: KubernetesObject, versions: Iterable[str] = KUBERNETES_
 
     body, errors = obj.body, []
     key = (str(body.get("apiVersion")), obj.kind)
-    crd = _crd_schemas().get(key)
+    crd = crd_schemas().get(key)
     if crd is not None:
         for err in jsonschema.Draft7Validator(crd).iter_errors(body):
             where = ".".join(str(p) for p in err.absolute_path) or "(object)"

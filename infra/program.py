@@ -16,6 +16,8 @@ from infra.components import monitoring as mon
 from infra.components import operator_values as ov
 from infra.components.node_pool import GpuNodePool, GpuNodePoolArgs, node_pool_inputs
 from infra.components.nvidia_stack import NvidiaStack, NvidiaStackArgs, prepare
+from infra.components.tenancy import Tenancy, TenancyArgs
+from infra.components.tenancy import prepare as prepare_tenancy
 from infra.stack_config import StackConfig
 
 
@@ -28,6 +30,7 @@ class ClusterPlan:
     monitoring: mon.MonitoringArgs
     pools: list[GpuNodePoolArgs]
     nvidia: NvidiaStackArgs
+    tenancy: TenancyArgs
 
 
 def plan_cluster(fleet: ResolvedFleet, cluster: spec.Cluster, stack: StackConfig, guardrails: Guardrails,
@@ -51,7 +54,9 @@ def plan_cluster(fleet: ResolvedFleet, cluster: spec.Cluster, stack: StackConfig
     monitoring_args = mon.MonitoringArgs(fleet=fleet, cluster=cluster, settings=monitoring, guardrails=guardrails)
     mon.prometheus_rule(fleet, guardrails, cluster, monitoring)
     mon.dashboard_configmaps(fleet)
-    return ClusterPlan(cluster, context, monitoring_args, pool_args, nvidia)
+    tenancy = TenancyArgs(fleet=fleet, cluster=cluster, guardrails=guardrails, kueue=stack.kueue_for(cluster))
+    prepare_tenancy(tenancy)
+    return ClusterPlan(cluster, context, monitoring_args, pool_args, nvidia, tenancy)
 
 
 def register_cluster(fleet: ResolvedFleet, plan: ClusterPlan) -> None:
@@ -68,3 +73,4 @@ def register_cluster(fleet: ResolvedFleet, plan: ClusterPlan) -> None:
     for a in plan.pools:
         if a.pool.cloud is not None:
             GpuNodePool(f"{name}-{a.pool.name}", replace(a, after=[nvidia.release]))
+    Tenancy(f"{name}-tenancy", replace(plan.tenancy, provider=provider))

@@ -29,6 +29,13 @@ class MonitoringSettings(_Settings):
     namespace: str = "monitoring"
 
 
+class KueueSettings(_Settings):
+    mode: Literal["install", "existing"] = Field(
+        "install", description="install: this program installs Kueue (chart pinned, metrics on); existing: Kueue "
+        "already runs in the cluster (only gpushare's flavors and queues are created).")
+    namespace: str = "kueue-system"
+
+
 class GkeSettings(_Settings):
     project: str
     location: str = Field(description="Region or zone of the GKE cluster.")
@@ -52,6 +59,7 @@ class ClusterSettings(_Settings):
     gke: GkeSettings | None = None
     eks: EksSettings | None = None
     monitoring: MonitoringSettings | None = None
+    kueue: KueueSettings | None = None
 
 
 class KeptConfig(_Settings):
@@ -66,6 +74,7 @@ class StackConfig(_Settings):
     environment: str
     protect: bool = Field(False, description="Protect the GPU Operator release from deletion (prod).")
     monitoring: MonitoringSettings | None = None
+    kueue: KueueSettings = Field(default_factory=lambda: KueueSettings.model_validate({}))
     clusters: dict[str, ClusterSettings] = Field(default_factory=dict)
     keep_device_plugin_configs: list[str | KeptConfig] = Field(default_factory=list)
     operator_values: dict[str, Any] = Field(
@@ -116,6 +125,9 @@ class StackConfig(_Settings):
                 "set gpushare:monitoring: {mode: existing|install, release, namespace} (or per cluster under "
                 f"gpushare:clusters.{cluster.name}.monitoring) in {self.file}"))
         return found
+
+    def kueue_for(self, cluster: spec.Cluster) -> KueueSettings:
+        return self.cluster(cluster.name).kueue or self.kueue
 
     def check_clusters(self, known: list[str]) -> None:
         unknown = sorted(set(self.clusters) - set(known))

@@ -511,7 +511,9 @@ def test_installed_monitoring_stack_is_pinned_and_exports_the_node_labels_the_ru
 
 def test_existing_monitoring_stack_gets_only_our_objects_with_its_release_label() -> None:
     plan = collect_plan("dev", dev_config(monitoring={"mode": "existing", "release": "prom", "namespace": "obs"}))
-    assert [r.inputs["chart"] for r in plan.of_type("helm.sh/v3:Release")] == ["gpu-operator"]
+    # no kube-prometheus-stack of ours; the GPU Operator and Kueue (Tenancy) are still installed
+    assert sorted(r.inputs["chart"] for r in plan.of_type("helm.sh/v3:Release")) == [
+        "gpu-operator", "oci://registry.k8s.io/kueue/charts/kueue"]
     (rule,) = plan.of_type(":PrometheusRule")
     assert rule.inputs["metadata"]["labels"]["release"] == "prom" and rule.inputs["metadata"]["namespace"] == "obs"
     values = operator_release(plan).inputs["values"]

@@ -268,3 +268,42 @@ def test_check_cli_json_and_exit_code(tmp_path: Path, dev_data: dict[str, Any]) 
     assert data["violations"][0]["rule"] == "toolkit-cve-floor"
     table = runner.invoke(app, ["check", "--env", str(path), "--no-plan"], env={"COLUMNS": "200"})
     assert table.exit_code == 1 and "toolkit-cve-floor" in table.output and "FAIL" in table.output
+
+
+def _plan(cluster: str, dcgm: bool = True, rule: bool = True, queues: dict[str, str] | None = None
+          ) -> list[PlanResource]:
+    plan = [PlanResource("kubernetes:helm.sh/v3:Release", f"{cluster}-gpu-operator",
+                         {"chart": "gpu-operator", "values": {"dcgmExporter": {"enabled": dcgm}}}, cluster)]
+    if rule:
+        plan.append(PlanResource("kubernetes:monitoring.coreos.com/v1:PrometheusRule", f"{cluster}-rules", {}, cluster))
+    for namespace, target in (queues or {}).items():
+        plan.append(PlanResource("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue", f"lq-{namespace}",
+                                 {"metadata": {"name": "gpushare", "namespace": namespace},
+                                  "spec": {"clusterQueue": target}}, cluster))
+        plan.append(PlanResource("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue", f"cq-{target}",
+                                 {"metadata": {"name": target}, "spec": {"cohortName": "gpushare"}}, cluster))
+    return plan
+
+
+def test_gpu_pools_monitored(dev_data: dict[str, Any], write_env: Any) -> None:
+    ctx = context(write_env, dev_data, plan=_plan("dev-metal"))
+    assert fired(ctx, "gpu-pools-monitored") == []
+    ctx.plan = _plan("dev-metal", dcgm=False, rule=False)
+    messages = [(v.where, v.message) for v in fired(ctx, "gpu-pools-monitored")]
+    assert messages == [("cluster dev-metal", "dcgm-exporter is disabled in release dev-metal-gpu-operator"),
+                        ("cluster dev-metal", "no gpushare PrometheusRule (GPU health and sharing alerts)")]
+
+
+def test_tenant_has_queue(dev_data: dict[str, Any], write_env: Any) -> None:
+    namespaces = {t["namespace"]: f"tenant-{t['name']}" for t in dev_data["tenants"]}
+    ctx = context(write_env, dev_data, plan=_plan("dev-metal", queues=namespaces))
+    assert fired(ctx, "tenant-has-queue") == []
+    del namespaces["ds-notebooks"]
+    ctx.plan = _plan("dev-metal", queues=namespaces)
+    (v,) = fired(ctx, "tenant-has-queue")
+    assert v.where == "tenant notebooks, cluster dev-metal" and "ds-notebooks has no Kueue LocalQueue" in v.message
+
+
+def test_plan_rules_are_skipped_without_a_plan(dev_data: dict[str, Any], write_env: Any) -> None:
+    report = evaluate(context(write_env, dev_data), [], TODAY)
+    assert set(report.skipped) == {"gpu-pools-monitored", "tenant-has-queue"}

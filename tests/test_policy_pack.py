@@ -2,34 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import date
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pulumi_policy import EnforcementLevel, PolicyCustomTimeouts, PolicyResource, PolicyResourceOptions
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyCustomTimeouts,
+    PolicyProviderResource,
+    PolicyResource,
+    PolicyResourceOptions,
+)
 
 from gpushare.guardrails import load_guardrails
 from gpushare.policies import RULES, Context, PlanResource, Waiver, evaluate
 from gpushare.policy_pack import policies, run_pack, stack_of
+from gpushare.preview import collect_plan
 from gpushare.resolve import resolve
 from tests.conftest import PROFILES, ROOT
 
 TODAY = date(2026, 11, 30)
 
 
-def resource(stack: str, type_: str, name: str, props: dict[str, Any]) -> PolicyResource:
+def resource(stack: str, type_: str, name: str, props: Mapping[str, Any], cluster: str | None = None
+             ) -> PolicyResource:
     opts = PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [])
     urn = f"urn:pulumi:{stack}::gpushare::{type_}::{name}"
-    return PolicyResource(type_, props, urn, name, opts, None, None, [], {})
+    provider = None if cluster is None else PolicyProviderResource(
+        "pulumi:providers:kubernetes", {}, f"urn:pulumi:{stack}::gpushare::pulumi:providers:kubernetes::{cluster}",
+        cluster)
+    return PolicyResource(type_, props, urn, name, opts, provider, None, [], {})
 
 
-def stack_resources(stack: str, operator_values: dict[str, Any]) -> list[PolicyResource]:
-    return [
-        resource(stack, "pulumi:pulumi:Stack", f"gpushare-{stack}", {}),
-        resource(stack, "kubernetes:helm.sh/v3:Release", "dev-metal-gpu-operator",
-                 {"chart": "gpu-operator", "version": "v26.7.0", "values": operator_values}),
-    ]
+@cache
+def offline_plan(env: str) -> Any:
+    return collect_plan(env)
+
+
+def stack_resources(stack: str, operator_values: dict[str, Any] | None = None) -> list[PolicyResource]:
+    """The stack's resources as the Pulumi engine hands them to a policy pack: the offline plan of its environment,
+    optionally with the GPU Operator's values replaced."""
+    plan = offline_plan(stack)
+    out = [resource(stack, "pulumi:pulumi:Stack", f"gpushare-{stack}", {})]
+    for r in plan.resources:
+        props = r.inputs
+        if operator_values is not None and str(props.get("chart", "")).endswith("gpu-operator"):
+            props = {**props, "values": operator_values}
+        cluster = plan.cluster_of(r)
+        out.append(resource(stack, r.type, r.name, props, None if cluster == "-" else cluster))
+    return out
 
 
 def test_every_rule_is_a_policy_with_its_level() -> None:
@@ -42,12 +66,23 @@ def test_every_rule_is_a_policy_with_its_level() -> None:
 
 
 def test_stack_name_comes_from_the_urns() -> None:
-    assert stack_of(stack_resources("pilot", {})) == "pilot"
+    assert stack_of(stack_resources("pilot")) == "pilot"
+
+
+def test_plan_rules_fire_in_the_pack_when_queues_and_rules_are_missing() -> None:
+    dropped = ("kueue.x-k8s.io/v1beta2:LocalQueue", "monitoring.coreos.com/v1:PrometheusRule")
+    resources = [r for r in stack_resources("dev") if not r.resource_type.endswith(dropped)]
+    found = run_pack(resources, waivers=[], today=TODAY)
+    assert set(found) == {"tenant-has-queue", "gpu-pools-monitored"}
+    assert any("namespace partner-eval has no Kueue LocalQueue" in m for m in found["tenant-has-queue"])
+    assert found["gpu-pools-monitored"] == [
+        "cluster dev-metal: no gpushare PrometheusRule (GPU health and sharing alerts) (fix: keep dcgmExporter "
+        "enabled in the operator values and the Monitoring component in the program)"]
 
 
 def test_shipped_stacks_pass_the_pack() -> None:
     for stack in ("dev", "pilot", "prod"):
-        found = run_pack(stack_resources(stack, {"cdi": {"enabled": True}}), waivers=[], today=TODAY)
+        found = run_pack(stack_resources(stack), waivers=[], today=TODAY)
         assert found == {}, (stack, found)
 
 
@@ -61,14 +96,15 @@ def test_pack_and_check_report_the_same(tmp_path: Path, dev_data: dict[str, Any]
     dev_data["pools"][2]["profile"] = "ts-plain"
     dev_data["tenants"][2]["quota"] = {"nvidia.com/gpu": 4}
     env_file = write_env(dev_data)
-    values = {"cdi": {"enabled": True},
+    values = {"cdi": {"enabled": True}, "dcgmExporter": {"enabled": True},
               "devicePlugin": {"env": [{"name": "DEVICE_LIST_STRATEGY", "value": "envvar"}]}}
     resources = stack_resources("dev", values)
     waivers = [Waiver(rule="toolkit-cve-floor", environment="dev", where="*", reason="vendor fix lands next week",
                       expires=date(2026, 12, 31))] if waived else []
 
     ctx = Context(fleet=resolve(env_file, PROFILES), guardrails=load_guardrails(),
-                  plan=[PlanResource(r.resource_type, r.name, r.props) for r in resources])
+                  plan=[PlanResource(r.resource_type, r.name, r.props, r.provider.name if r.provider else "-")
+                        for r in resources])
     report = evaluate(ctx, waivers, TODAY)
     from_check: dict[str, list[str]] = {}
     for v in report.violations:
@@ -83,7 +119,7 @@ def test_pack_and_check_report_the_same(tmp_path: Path, dev_data: dict[str, Any]
 def test_expired_waiver_fails_the_pack(dev_data: dict[str, Any], write_env: Any) -> None:
     waivers = [Waiver(rule="exact-mig-placements", environment="dev", where="*", reason="old exception, long gone",
                       expires=date(2026, 1, 1))]
-    found = run_pack(stack_resources("dev", {}), config={"environment": str(write_env(dev_data))},
+    found = run_pack(stack_resources("dev"), config={"environment": str(write_env(dev_data))},
                      waivers=waivers, today=TODAY)
     assert list(found) == ["waiver-expired"]
 

@@ -3,36 +3,23 @@ tenants, one source of numbers (ResourceQuota = nominal + borrowing), and schema
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
-import yaml
 
 from gpushare.guardrails import load_guardrails
+from gpushare.preview import crd_schemas
 from gpushare.resolve import resolve, resolve_env
 from gpushare.tenancy import COHORT, SPARE_QUEUE, cluster_tenancy, fleet_tenancy
 from tests.conftest import PROFILES
 
-CRDS = Path(__file__).parent / "data" / "crds" / "kueue"
 
-
-def crd_schemas() -> dict[str, dict[str, Any]]:
-    out = {}
-    for path in CRDS.glob("*.yaml"):
-        crd = yaml.safe_load(path.read_text())
-        for version in crd["spec"]["versions"]:
-            key = f"{crd['spec']['group']}/{version['name']}/{crd['spec']['names']['kind']}"
-            out[key] = version["schema"]["openAPIV3Schema"]
-    return out
-
-
-def validate(obj: dict[str, Any], schemas: dict[str, dict[str, Any]]) -> None:
+def validate(obj: dict[str, Any]) -> None:
+    """Kueue objects against the CRDs the preview uses (gpushare/data), built-in kinds against Kubernetes'."""
     if obj["apiVersion"].startswith("kueue.x-k8s.io/"):
-        schema = schemas[f"{obj['apiVersion']}/{obj['kind']}"]
-        jsonschema.validate(obj, schema)
+        jsonschema.validate(obj, crd_schemas()[(obj["apiVersion"], obj["kind"])])
     else:
         kubernetes_validate.validate(obj, "1.31", strict=True)
 
@@ -44,12 +31,11 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any
 
 @pytest.mark.parametrize("env", ["dev", "pilot", "prod"])
 def test_every_object_is_schema_valid(env: str) -> None:
-    schemas = crd_schemas()
     tenancy = fleet_tenancy(resolve_env(env), load_guardrails())
     for ct in tenancy.values():
         assert ct.warnings == []
         for obj in ct.objects:
-            validate(obj, schemas)
+            validate(obj)
 
 
 def test_quota_is_nominal_plus_borrowing_on_advertised_names() -> None:
