@@ -50,15 +50,17 @@ def fail(err: GpushareError, as_json: bool) -> typer.Exit:
                           "problems": [p.as_dict() for p in err.problems]}, indent=2))
     else:
         from rich.console import Console
+        from rich.markup import escape
 
         console = Console(stderr=True, highlight=False)
         count = len(err.problems)
         console.print(f"[bold red]error[/]: {count} problem{'s' if count != 1 else ''}")
         for p in err.problems:
-            where = f"[bold]{p.where}[/]: " if p.where else ""
-            console.print(f"  {where}{p.message}", soft_wrap=True)
+            # Messages quote user input ([pool] names, YAML paths): never read them as Rich markup.
+            where = f"[bold]{escape(p.where)}[/]: " if p.where else ""
+            console.print(f"  {where}{escape(p.message)}", soft_wrap=True)
             if p.fix:
-                console.print(f"    [green]fix[/]: {p.fix}", soft_wrap=True)
+                console.print(f"    [green]fix[/]: {escape(p.fix)}", soft_wrap=True)
     return typer.Exit(code=err.exit_code)
 
 

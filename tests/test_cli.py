@@ -112,3 +112,12 @@ def test_python_m_gpushare_works() -> None:
 
     proc = subprocess.run([sys.executable, "-m", "gpushare", "--help"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and "plan" in proc.stdout
+
+
+def test_error_text_in_brackets_is_printed_as_written(tmp_path: Path, dev_data: dict[str, Any]) -> None:
+    dev_data["pools"][0]["gpu_model"] = "[bold]NVIDIA X[/]"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
+    result = runner.invoke(app, ["validate", "--env", str(path)], env={"COLUMNS": "300"})
+    assert result.exit_code == 1
+    assert "[bold]NVIDIA X[/]" in result.output
