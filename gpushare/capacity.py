@@ -46,7 +46,7 @@ class QueryTiming:
 
 
 class Prometheus:
-    """The /api/v1/query endpoint. Errors name the URL and what to do."""
+    """The /api/v1/query and /api/v1/query_range endpoints. Errors name the URL and what to do."""
 
     def __init__(self, url: str, timeout: float = 120.0) -> None:
         self.url = url.rstrip("/")
@@ -54,8 +54,17 @@ class Prometheus:
         self.timings: list[QueryTiming] = []
 
     def query(self, name: str, expr: str, at: float) -> list[dict[str, Any]]:
-        body = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}", "stats": "all"}).encode()
-        request = urllib.request.Request(f"{self.url}/api/v1/query", data=body, method="POST",
+        """One value per series at `at` (an instant vector)."""
+        return self._call("query", name, {"query": expr, "time": f"{at:.3f}"}, "vector")
+
+    def query_range(self, name: str, expr: str, start: float, end: float, step: int) -> list[dict[str, Any]]:
+        """Values per series every `step` seconds from start to end (a matrix: `values` of [time, text])."""
+        return self._call("query_range", name, {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                "step": str(step)}, "matrix")
+
+    def _call(self, endpoint: str, name: str, params: dict[str, str], result_type: str) -> list[dict[str, Any]]:
+        body = urllib.parse.urlencode({**params, "stats": "all"}).encode()
+        request = urllib.request.Request(f"{self.url}/api/v1/{endpoint}", data=body, method="POST",
                                          headers={"Content-Type": "application/x-www-form-urlencoded"})
         started = time.perf_counter()
         try:
@@ -87,7 +96,7 @@ class Prometheus:
         data = doc["data"]
         reported = data.get("stats", {}).get("timings", {}).get("evalTotalTime")
         self.timings.append(QueryTiming(name, float(reported) if reported is not None else wall, wall))
-        if data.get("resultType") != "vector":
+        if data.get("resultType") != result_type:
             raise GpushareError(Problem(f"Prometheus answered the {name} query with {data.get('resultType')}"))
         result: list[dict[str, Any]] = data["result"]
         return result

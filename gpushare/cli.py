@@ -18,6 +18,7 @@ from gpushare.cli_check import check_command
 from gpushare.cli_gpu import discover_command, mig_app
 from gpushare.cli_pack import pack_command
 from gpushare.cli_preview import preview_command
+from gpushare.cli_promote import promote_command
 from gpushare.cli_rollout import rollout_command
 from gpushare.errors import GpushareError
 
@@ -36,6 +37,7 @@ app.command("check")(check_command)
 app.command("capacity")(capacity_command)
 app.command("preview")(preview_command)
 app.command("pack")(pack_command)
+app.command("promote")(promote_command)
 app.command("rollout")(rollout_command)
 
 EnvOption = Annotated[str, typer.Option("--env", "-e", help="Environment name under environments/, or a path.")]

@@ -144,6 +144,41 @@ class CapacityPolicy(Strict):
         return self
 
 
+# Prometheus answers a range query with at most this many points per series.
+MAX_RANGE_POINTS = 11_000
+
+
+class PromotionPolicy(Strict):
+    """Gates of `gpushare promote`: how long and how well the promotion source ran what the target would run."""
+
+    min_days: int = Field(ge=1, le=180, description="Days every profile, layout, driver and toolkit must have run.")
+    utilization_baseline: Ratio = Field(description="Busy share of whole dedicated GPUs before sharing.")
+    min_utilization_uplift: float = Field(gt=1.0, le=10.0, description="Shared pools' utilization / baseline.")
+    max_queue_p95_seconds: float = Field(gt=0, description="Kueue admission wait, 95th percentile over the window.")
+    ignored_xids: list[Annotated[int, Field(ge=1, le=1000)]] = Field(
+        default_factory=list, description="Application XIDs (e.g. 13, 31, 43) that do not fail the health gate.")
+    step: Duration = Field(description="Resolution of the run-time and utilization series.")
+
+    @model_validator(mode="after")
+    def _reachable(self) -> PromotionPolicy:
+        from gpushare.spec import invalid
+
+        if self.utilization_baseline * self.min_utilization_uplift > 1:
+            raise invalid(f"promotion.utilization_baseline x min_utilization_uplift is "
+                          f"{self.utilization_baseline * self.min_utilization_uplift:.2f}, above 1: no pool can pass",
+                          "lower min_utilization_uplift or utilization_baseline")
+        step = duration_seconds(self.step)
+        if step > 86400 or 86400 % step:
+            raise invalid(f"promotion.step {self.step} does not divide a day",
+                          "use a step such as 5m, 15m, 1h or 1d")
+        if 2 * self.min_days * 86400 // step > MAX_RANGE_POINTS:
+            raise invalid(f"promotion.step {self.step} over 2 x min_days ({2 * self.min_days} d) is more than "
+                          f"Prometheus' {MAX_RANGE_POINTS} points per series", "use a longer step, e.g. 1h")
+        if len(set(self.ignored_xids)) != len(self.ignored_xids):
+            raise invalid("promotion.ignored_xids lists an XID twice", "list each XID once")
+        return self
+
+
 class Guardrails(Strict):
     version: int = Field(ge=1, le=1)
     memory_classes: list[MemoryClass] = Field(min_length=1)
@@ -151,6 +186,7 @@ class Guardrails(Strict):
     tenancy: TenancyPolicy
     monitoring: MonitoringPolicy
     capacity: CapacityPolicy
+    promotion: PromotionPolicy
     environments: dict[str, EnvironmentGuardrails]
 
     @model_validator(mode="after")
@@ -168,6 +204,10 @@ class Guardrails(Strict):
             if set(limits.max_shared_replicas) != set(names):
                 raise invalid(f"environments.{env}.max_shared_replicas must give every memory class "
                               f"({', '.join(names)})", "add the missing classes or remove unknown ones")
+        hardware = sorted(set(self.promotion.ignored_xids) & set(self.monitoring.critical_xids))
+        if hardware:
+            raise invalid(f"promotion.ignored_xids lists {', '.join(map(str, hardware))}, which "
+                          "monitoring.critical_xids calls hardware faults", "ignore only application XIDs (13, 31, 43)")
         return self
 
     def memory_class(self, memory_gib: float) -> str:

@@ -24,6 +24,8 @@ DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 OPERATOR_MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_CONFIG_LABEL = "gpushare.io/mig-config"
 MIG_STATE_LABEL = "gpushare.io/mig-config.state"
+# Set by Ansible with the other labels it owns, after its toolkit role installed this version: evidence for promotion.
+TOOLKIT_VERSION_LABEL = "gpushare.io/toolkit-version"
 MIG_DISABLED = "all-disabled"
 # GKE's own plugin advertises shared and whole GPUs alike as nvidia.com/gpu: only trusted tenants tolerate this.
 SHARED_GPU_TAINT = spec.Taint(key="gpushare.io/shared-gpu", value="true", effect="NoSchedule")
@@ -501,6 +503,7 @@ class _Resolver:
             if mig_config:
                 labels[MIG_CONFIG_LABEL] = Label(mig_config, "ansible")
                 labels[MIG_STATE_LABEL] = Label("success", "ansible")
+            labels[TOOLKIT_VERSION_LABEL] = Label(self.env.defaults.toolkit_version, "ansible")
         elif managed_by == "gpu-operator":
             if dp_config:
                 labels[DEVICE_PLUGIN_CONFIG_LABEL] = Label(dp_config, "pulumi")

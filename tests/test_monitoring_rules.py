@@ -22,7 +22,7 @@ from gpushare.monitoring import (
 )
 from gpushare.monitoring.fields import REQUIRED_FIELDS, exported_fields
 from gpushare.monitoring.promql import ksm_label, metric_names
-from gpushare.monitoring.rules import KUBE_STATE_METRICS, KUEUE_METRICS
+from gpushare.monitoring.rules import KUBE_STATE_METRICS, KUEUE_METRICS, PROMOTION_NODE_LABELS
 from gpushare.resolve import ResolvedFleet, resolve, resolve_env
 from tests.prometheus.promtool import MONITORING_ENV, render_tests, run_promtool
 
@@ -182,7 +182,8 @@ def test_kube_state_metrics_allowlist_covers_every_node_label_the_rules_read(gro
     read = set()
     for rule in _rules(groups):
         read |= set(re.findall(r"\b(label_[a-z0-9_]+)\b(?!\s*\()", rule["expr"]))
-    assert read == {ksm_label(label) for label in allowlist}
+    # The rest is what `gpushare promote` reads (test_promote.py shows its queries read them).
+    assert read | {ksm_label(label) for label in PROMOTION_NODE_LABELS} == {ksm_label(label) for label in allowlist}
 
 
 def test_gke_managed_pools_are_not_expected_to_export_dcgm() -> None:

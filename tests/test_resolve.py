@@ -91,7 +91,9 @@ def test_bare_metal_labels_split_between_pulumi_and_ansible() -> None:
     node = next(n for n in resolve_env("dev").nodes if n.name == "dev-a100-01")
     ansible = node.labels_owned_by("ansible")
     pulumi = node.labels_owned_by("pulumi")
-    assert set(ansible) == {DEVICE_PLUGIN_CONFIG_LABEL, MIG_CONFIG_LABEL, "gpushare.io/mig-config.state"}
+    assert set(ansible) == {DEVICE_PLUGIN_CONFIG_LABEL, MIG_CONFIG_LABEL, "gpushare.io/mig-config.state",
+                            "gpushare.io/toolkit-version"}
+    assert ansible["gpushare.io/toolkit-version"] == node.toolkit_version
     assert ansible[DEVICE_PLUGIN_CONFIG_LABEL] == node.device_plugin_config
     assert ansible[MIG_CONFIG_LABEL] == node.mig_config
     assert pulumi["gpushare.io/pool"] == "a100-inference"

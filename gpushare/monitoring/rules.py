@@ -18,10 +18,20 @@ from typing import Any
 
 from gpushare.guardrails import Guardrails, duration_seconds
 from gpushare.monitoring.promql import alternatives, ksm_label, ksm_name
-from gpushare.resolve import MIG_STATE_LABEL, OPERATOR_MIG_CONFIG_LABEL, ResolvedFleet, ResolvedPool
+from gpushare.resolve import (
+    DEVICE_PLUGIN_CONFIG_LABEL,
+    MIG_CONFIG_LABEL,
+    MIG_STATE_LABEL,
+    OPERATOR_MIG_CONFIG_LABEL,
+    TOOLKIT_VERSION_LABEL,
+    ResolvedFleet,
+    ResolvedPool,
+)
 from gpushare.tenancy import fleet_tenancy
 
 POOL_LABEL = "gpushare.io/pool"
+ENVIRONMENT_LABEL = "gpushare.io/environment"
+PROFILE_LABEL = "gpushare.io/profile"
 OPERATOR_MIG_STATE_LABEL = f"{OPERATOR_MIG_CONFIG_LABEL}.state"
 QUEUE_PREFIX = "tenant-"  # gpushare.tenancy names each tenant's ClusterQueue tenant-<name>
 
@@ -44,13 +54,18 @@ KUBE_STATE_METRICS = frozenset({
 KUEUE_METRICS = frozenset({"kueue_pending_workloads", "kueue_admission_wait_time_seconds_bucket"})
 
 
+# Node labels `gpushare promote` reads (gpushare.promote): which environment a node is in, and what it runs.
+PROMOTION_NODE_LABELS = (ENVIRONMENT_LABEL, PROFILE_LABEL, DEVICE_PLUGIN_CONFIG_LABEL, MIG_CONFIG_LABEL,
+                         OPERATOR_MIG_CONFIG_LABEL, TOOLKIT_VERSION_LABEL)
+
+
 def kube_state_metrics_label_allowlist() -> list[str]:
-    """Node labels the rules read through kube_node_labels: kube-state-metrics must be started with
-    `--metric-labels-allowlist=nodes=[<these>]`, or it exports none of them."""
-    return [POOL_LABEL, MIG_STATE_LABEL, OPERATOR_MIG_STATE_LABEL]
+    """Node labels the rules and `gpushare promote` read through kube_node_labels: kube-state-metrics must be
+    started with `--metric-labels-allowlist=nodes=[<these>]`, or it exports none of them."""
+    return [POOL_LABEL, MIG_STATE_LABEL, OPERATOR_MIG_STATE_LABEL, *PROMOTION_NODE_LABELS]
 
 
-def _to_node(expr: str) -> str:
+def to_node(expr: str) -> str:
     """DCGM series -> the same series keyed by `node` (dcgm-exporter's Hostname), without Hostname."""
     return f'max without (Hostname) (label_replace({expr}, "node", "$1", "Hostname", "(.*)"))'
 
@@ -64,9 +79,15 @@ def _with_pool(expr: str, node_pool: str = "gpushare:node_pool:info") -> str:
 # `node_pool` is the recorded gpushare:node_pool:info, or NODE_POOL_EXPR where the recorded series has no history;
 # `dcgm` adds matchers to every DCGM selector (e.g. 'GPU_I_ID!=""' for MIG instances only).
 
-NODE_POOL_EXPR = f"""max by (node, pool) (
-  label_replace(kube_node_labels{{{ksm_label(POOL_LABEL)}!=""}}, "pool", "$1", "{ksm_label(POOL_LABEL)}", "(.+)")
+def node_pool_expr(*matchers: str) -> str:
+    """Each node's pool from kube_node_labels; `matchers` narrow the nodes (e.g. to one environment)."""
+    selector = ", ".join([f'{ksm_label(POOL_LABEL)}!=""', *matchers])
+    return f"""max by (node, pool) (
+  label_replace(kube_node_labels{{{selector}}}, "pool", "$1", "{ksm_label(POOL_LABEL)}", "(.+)")
 )"""
+
+
+NODE_POOL_EXPR = node_pool_expr()
 
 
 def _sel(*matchers: str) -> str:
@@ -82,7 +103,7 @@ def unit_utilization_expr(node_pool: str = "gpushare:node_pool:info", dcgm: str 
   or max by ({UNIT}) (DCGM_FI_DEV_GPU_UTIL{_sel('vgpu=""', dcgm)}) / 100
   or clamp_max(sum by ({UNIT}) (DCGM_FI_DEV_GPU_UTIL{_sel('vgpu!=""', dcgm)}) / 100, 1)
 )"""
-    return _with_pool(_to_node(util), node_pool)
+    return _with_pool(to_node(util), node_pool)
 
 
 def unit_memory_used_expr(node_pool: str = "gpushare:node_pool:info", dcgm: str = "") -> str:
@@ -90,12 +111,12 @@ def unit_memory_used_expr(node_pool: str = "gpushare:node_pool:info", dcgm: str 
   (max by ({UNIT}) (DCGM_FI_DEV_FB_USED{_sel('vgpu=""', dcgm)})
    or sum by ({UNIT}) (DCGM_FI_DEV_FB_USED{_sel('vgpu!=""', dcgm)})) * 1048576
 )"""
-    return _with_pool(_to_node(used), node_pool)
+    return _with_pool(to_node(used), node_pool)
 
 
 def unit_memory_total_expr(used: str = "gpushare:unit_memory_used:bytes", dcgm: str = "") -> str:
     """Used + free, with free the device value (max over the per-pod copies)."""
-    free = _to_node(f"max by ({UNIT}) (DCGM_FI_DEV_FB_FREE{_sel(dcgm)}) * 1048576")
+    free = to_node(f"max by ({UNIT}) (DCGM_FI_DEV_FB_FREE{_sel(dcgm)}) * 1048576")
     return f"""(
 {used}
 )
@@ -158,7 +179,7 @@ def advertised_expr(node_pool: str = "gpushare:node_pool:info") -> str:
 
 def replica_memory_expr(node_pool: str = "gpushare:node_pool:info") -> str:
     """Framebuffer of each pod on a time-sliced GPU (FB_USED is one of the two per-pod fields)."""
-    return _with_pool(_to_node(
+    return _with_pool(to_node(
         'sum by (Hostname, UUID, GPU_I_ID, namespace, pod) (DCGM_FI_DEV_FB_USED{vgpu!=""}) * 1048576'), node_pool)
 
 
@@ -291,13 +312,13 @@ sum by (pool) (gpushare:pool_advertised:units) / on (pool) gpushare:pool_hardwar
   or sum by ({UNIT}, namespace) (DCGM_FI_DEV_GPU_UTIL{{vgpu!="", namespace!=""}}) / 100
 """
     rules.append(_record("gpushare:namespace_gpu_busy:gpus",
-                         "sum by (namespace, pool) (\n" + _with_pool(_to_node(f"({busy})")) + "\n)"))
+                         "sum by (namespace, pool) (\n" + _with_pool(to_node(f"({busy})")) + "\n)"))
     memory = f"""
   max by ({UNIT}, namespace) (DCGM_FI_DEV_FB_USED{{vgpu="", namespace!=""}})
   or sum by ({UNIT}, namespace) (DCGM_FI_DEV_FB_USED{{vgpu!="", namespace!=""}})
 """
     rules.append(_record("gpushare:namespace_memory_used:bytes",
-                         "sum by (namespace, pool) (\n" + _with_pool(_to_node(f"({memory}) * 1048576")) + "\n)"))
+                         "sum by (namespace, pool) (\n" + _with_pool(to_node(f"({memory}) * 1048576")) + "\n)"))
     for metric in ("gpu_busy:gpus", "memory_used:bytes"):
         rules.append(_record(f"gpushare:tenant_{metric}", f"""
 sum by (tenant, pool) (gpushare:namespace_{metric} * on (namespace) group_left (tenant) gpushare:tenant:info)"""))
@@ -458,7 +479,7 @@ sum by (pool) (gpushare:pool_advertised:units) > on (pool) gpushare:pool_adverti
                    "the dcgm-exporter DaemonSets and their ServiceMonitors.", m.absent_for, labels),
             _alert("GpushareDcgmExporterMissingOnNode", f"""
 gpushare:node_pool:info{{pool=~"{alternatives(operand_pools)}"}}
-unless on (node) {_to_node('max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)')}""",
+unless on (node) {to_node('max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)')}""",
                    "warning", "GPU node {{ $labels.node }} of pool {{ $labels.pool }} exports no DCGM metrics",
                    "The node carries a gpushare pool label but no DCGM series names it: its exporter is down, or "
                    "the node is opted out of the operator's exporter without the host exporter.",

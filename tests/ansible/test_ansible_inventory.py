@@ -66,7 +66,8 @@ def test_hostvars_come_from_the_resolved_fleet_and_the_rendered_files() -> None:
         assert hv["gpushare_device_plugin_config_content"] == files[f"device-plugin/{node.device_plugin_config}.yaml"]
         assert hv["gpushare_node_labels"] == node.labels_owned_by("ansible")
         assert set(hv["gpushare_node_labels"]) <= {"nvidia.com/device-plugin.config", "gpushare.io/mig-config",
-                                                   "gpushare.io/mig-config.state"}
+                                                   "gpushare.io/mig-config.state", "gpushare.io/toolkit-version"}
+        assert hv["gpushare_node_labels"]["gpushare.io/toolkit-version"] == node.toolkit_version
         # The host's mig-parted file holds its own config (and all-disabled), as `gpushare render` writes it.
         if node.mig_config is None:  # a GPU without MIG
             assert hv["gpushare_mig_parted_config"] is None

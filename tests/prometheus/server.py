@@ -21,7 +21,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def prometheus_server(data_dir: Path, work: Path, rule_files: tuple[Path, ...] = ()) -> Iterator[str]:
+def prometheus_server(data_dir: Path, work: Path, rule_files: tuple[Path, ...] = (), retention: str = "60d"
+                      ) -> Iterator[str]:
     binary = shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("prometheus is not installed: run `make promtool` (Debian's prometheus package)")
@@ -32,7 +33,7 @@ def prometheus_server(data_dir: Path, work: Path, rule_files: tuple[Path, ...] =
     log = (work / "prometheus.log").open("w")
     process = subprocess.Popen(
         [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
-         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=60d",
+         f"--web.listen-address=127.0.0.1:{port}", f"--storage.tsdb.retention.time={retention}",
          "--query.max-samples=200000000", "--log.level=warn"],
         stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
