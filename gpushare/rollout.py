@@ -367,7 +367,9 @@ def kept_configs(previous: ResolvedFleet | None, target: ResolvedFleet, director
     for name in gone:
         path = directory / f"{name}.yaml"
         path.write_text(files[f"device-plugin/{name}.yaml"])
-        out.append({"name": name, "file": os.path.relpath(path, project_root())})
+        root = project_root().resolve()
+        where = path.resolve()
+        out.append({"name": name, "file": str(where.relative_to(root) if where.is_relative_to(root) else where)})
     return out
 
 
@@ -582,7 +584,7 @@ class AnsibleBackend:
             log = self.logs / f"{label}.log"
             log.write_text(result.stdout.read())
             events = list(result.events)
-        stats = result.stats or {}
+            stats = result.stats or {}  # read from the artifacts directory, so before it goes
         out: dict[str, HostOutcome] = {}
         for host in hosts:
             failed = int(stats.get("failures", {}).get(host, 0)) > 0 or int(stats.get("dark", {}).get(host, 0)) > 0
