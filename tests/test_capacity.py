@@ -53,7 +53,9 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     work = tmp_path_factory.mktemp("prometheus")
     data = work / "data"
     data.mkdir()
-    end = int(time.time()) // 60 * 60 - 600
+    # The scenario's load follows the time of day: end the window at the same hour (the last 12:00 UTC) every run.
+    day = 86400
+    end = (int(time.time()) - 600 - day // 2) // day * day + day // 2
     backfill(_scenario(end), work, data)
     return data, end
 

@@ -7,7 +7,6 @@ Several histories go into one TSDB, each in its own time span with a gap between
 from __future__ import annotations
 
 import math
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -15,8 +14,7 @@ from typing import TextIO
 from gpushare.monitoring.promql import ksm_label
 from gpushare.monitoring.rules import kube_state_metrics_label_allowlist
 from gpushare.resolve import MIG_STATE_LABEL, OPERATOR_MIG_CONFIG_LABEL, ResolvedFleet, ResolvedNode
-from tests.prometheus.promtool import promtool
-from tests.prometheus.scenarios import WAIT_BUCKETS
+from tests.prometheus.scenarios import WAIT_BUCKETS, create_blocks
 
 DAY = 86400
 
@@ -129,14 +127,7 @@ def backfill(histories: list[History], work: Path, data_dir: Path) -> int:
         # A series that several histories share must go in time order.
         samples = sum(write_history(h, out) for h in sorted(histories, key=lambda h: h.start))
         out.write("# EOF\n")
-    span = max(h.end for h in histories) - min(h.start for h in histories)
-    hours = math.ceil(span / 3600) + 2
-    result = subprocess.run([promtool(), "tsdb", "create-blocks-from", "openmetrics",
-                             f"--max-block-duration={hours}h", str(source), str(data_dir)],
-                            capture_output=True, text=True, timeout=600, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"promtool backfill failed: {result.stdout}\n{result.stderr}")
-    source.unlink()
+    create_blocks(source, data_dir, max(h.end for h in histories) - min(h.start for h in histories))
     return samples
 
 

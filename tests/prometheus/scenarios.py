@@ -138,21 +138,26 @@ def write_openmetrics(scenario: Scenario, out: TextIO) -> int:
 
 def backfill(scenario: Scenario, work: Path, data_dir: Path) -> int:
     """OpenMetrics file -> TSDB blocks in data_dir (promtool); returns the samples written."""
+    source = work / "series.om"
+    with source.open("w") as out:
+        samples = write_openmetrics(scenario, out)
+    create_blocks(source, data_dir, scenario.end - scenario.start)
+    return samples
+
+
+def create_blocks(source: Path, data_dir: Path, span_seconds: float) -> None:
+    """`promtool tsdb create-blocks-from openmetrics` with blocks long enough for the span; the source goes after."""
     import subprocess
 
     from tests.prometheus.promtool import promtool
 
-    source = work / "series.om"
-    with source.open("w") as out:
-        samples = write_openmetrics(scenario, out)
-    hours = max(2, math.ceil((scenario.end - scenario.start) / 3600) + 2)
+    hours = max(2, math.ceil(span_seconds / 3600) + 2)
     result = subprocess.run([promtool(), "tsdb", "create-blocks-from", "openmetrics",
                              f"--max-block-duration={hours}h", str(source), str(data_dir)],
                             capture_output=True, text=True, timeout=1800, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"promtool backfill failed: {result.stdout}\n{result.stderr}")
     source.unlink()
-    return samples
 
 
 def rule_levels(groups: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
