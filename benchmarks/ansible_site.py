@@ -3,16 +3,27 @@ Debian booted with systemd-nspawn, simulated GPUs), forks >= 8, each host set fr
 8 hosts. Prints the wall-time ratio of 8 hosts to 1 (target <= 3.0) and of the converged rerun to the first run
 (target <= 0.5). Needs root, like the Ansible tests; nothing here is a pass/fail test.
 
-    python benchmarks/ansible_site.py [--sizes 1,4,8] [--forks 10]
+    python benchmarks/ansible_site.py [--sizes 1,4,8] [--forks 10] [--profile]
+
+Each run is a plain `ansible-playbook -i ENV playbooks/site.yml` process started the way a user starts it (the
+project's ansible.cfg, fresh ssh connections); its log is kept under build/ansible/logs/<pid>/. With --profile a
+callback (benchmarks/callback_plugins/task_times.py) records every task result's duration, and the slowest tasks
+and roles are printed per run (host-seconds: summed over hosts).
 """
 
 from __future__ import annotations
 
 import argparse
+import configparser
+import json
 import os
+import re
+import resource
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -60,32 +71,116 @@ def environment(bed: Testbed, directory: Path) -> Path:
     return path
 
 
-def measure(count: int, forks: int, rerun: bool) -> tuple[float, float | None]:
+@dataclass
+class Run:
+    wall_s: float
+    controller_cpu_s: float  # ansible-playbook and everything it started on this machine (forks, ssh, kubectl)
+    machine_cpu_s: float  # all CPUs of the machine busy: controller, test hosts, and any other work running
+    load: float  # 1-minute load average when the run started
+    recap: dict[str, dict[str, int]]
+
+
+def user_env(ctl: Controller, control_dir: Path, times: Path | None) -> dict[str, str]:
+    """What a user's shell gives ansible-playbook: the project's ansible.cfg as it is (forks, pipelining, ssh
+    ControlPersist, interpreter discovery), an ssh key and known host keys (here: the test hosts' generated ones, not
+    checked), kubectl on PATH (the recording test double). Only the ssh control sockets are fresh per run, so a rerun
+    does not inherit the first run's open connections."""
+    test_env = ctl.env()
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(ROOT / "ansible.cfg")
+    profile = {} if times is None else {
+        "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "benchmarks" / "callback_plugins"),
+        "ANSIBLE_CALLBACKS_ENABLED": "task_times", "GPUSHARE_TASK_TIMES": str(times)}
+    return {
+        **os.environ,
+        **profile,
+        "PATH": test_env["PATH"],
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_PRIVATE_KEY_FILE": test_env["ANSIBLE_PRIVATE_KEY_FILE"],
+        "ANSIBLE_SSH_ARGS": cfg["ssh_connection"]["ssh_args"]
+        + " -o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no -o LogLevel=ERROR",
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir),
+        "KUBECTL_DOUBLE_STATE": test_env["KUBECTL_DOUBLE_STATE"],
+        "KUBECTL_DOUBLE_LOG": test_env["KUBECTL_DOUBLE_LOG"],
+    }
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat: all but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def site(ctl: Controller, env: Path, forks: int, label: str, profile: bool) -> Run:
+    """One plain `ansible-playbook -i ENV playbooks/site.yml` run, as a user starts it: its wall time, CPU time and
+    PLAY RECAP per host."""
+    log = ctl.logs / f"{label}.log"
+    control_dir = Path(tempfile.mkdtemp(prefix=f"cp-{label}-", dir=ctl.workdir))
+    times = ctl.logs / f"{label}.times.jsonl" if profile else None
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(env), "playbooks/site.yml",
+           "-f", str(forks), "-e", f"gpushare_kubeconfig={ctl.kubeconfig}"]
+    load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy = busy_cpu_s()
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        rc = subprocess.run(cmd, cwd=ROOT, env=user_env(ctl, control_dir, times), stdout=out,
+                            stderr=subprocess.STDOUT).returncode
+    wall = time.perf_counter() - t0
+    busy = busy_cpu_s() - busy
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    controller = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    recap = {m.group(1): {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+             for m in re.finditer(r"^(\S+)\s+: (ok=.*)$", log.read_text(), re.M)}
+    if rc != 0 or not recap or any(r["failed"] or r["unreachable"] for r in recap.values()):
+        raise SystemExit(f"site.yml failed ({label}, rc={rc}); see {log}")
+    if times is not None:
+        print_profile(label, times)
+    return Run(wall, controller, busy, load, recap)
+
+
+def print_profile(label: str, times: Path, top: int = 12) -> None:
+    records = [json.loads(line) for line in times.read_text().splitlines()]
+    spent = [(r, r["end"] - r["start"]) for r in records if r["start"] is not None]
+    by_task: dict[tuple[str, str], list[float]] = {}
+    by_role: dict[str, float] = {}
+    for r, seconds in spent:
+        by_task.setdefault((r["role"], r["task"]), []).append(seconds)
+        by_role[r["role"] or "(play)"] = by_role.get(r["role"] or "(play)", 0.0) + seconds
+    total = sum(s for _, s in spent)
+    print(f"  {label}: {len(spent)} task results, {total:.0f} host-seconds in tasks", flush=True)
+    print("  roles: " + ", ".join(f"{role} {s:.0f}" for role, s in sorted(by_role.items(), key=lambda i: -i[1])))
+    for (_, task), seconds in sorted(by_task.items(), key=lambda i: -sum(i[1]))[:top]:
+        print(f"  {sum(seconds):6.1f} host-s  {len(seconds):3d} x {sum(seconds) / len(seconds):5.2f} s  {task}")
+
+
+def report(what: str, run: Run) -> None:
+    tasks = sum(r["ok"] + r["skipped"] for r in run.recap.values())
+    print(f"site.yml, {what}: {run.wall_s:6.1f} s (controller CPU {run.controller_cpu_s:5.1f} s, machine CPU busy "
+          f"{run.machine_cpu_s:5.1f} s, load {run.load:.1f} at the start; {tasks} task results)", flush=True)
+
+
+def measure(count: int, forks: int, rerun: bool, profile: bool) -> tuple[Run, Run | None]:
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp, \
             Testbed(host_specs(count), tag=f"bench{count}") as bed:
         env = environment(bed, Path(tmp))
         ctl = Controller(Path(tmp) / "controller", bed.hosts[0].key, forks=forks)
         ctl.seed_nodes({h.name: {"kubernetes.io/hostname": h.name} for h in bed.hosts})
-        t0 = time.perf_counter()
-        first = ctl.run("site.yml", env, label=f"bench{count}-first")
-        first_s = time.perf_counter() - t0
-        if first.rc != 0:
-            raise SystemExit(f"site.yml failed on {count} hosts: {first.summary()}")
-        again_s = None
-        if rerun:
-            t0 = time.perf_counter()
-            again = ctl.run("site.yml", env, label=f"bench{count}-rerun")
-            again_s = time.perf_counter() - t0
-            changed = sum(again.changed(h.name) for h in bed.hosts)
-            if again.rc != 0 or changed:
-                raise SystemExit(f"the rerun was not converged (changed={changed}): {again.summary()}")
-        return first_s, again_s
+        first = site(ctl, env, forks, f"bench{count}-first", profile)
+        if not rerun:
+            return first, None
+        again = site(ctl, env, forks, f"bench{count}-rerun", profile)
+        changed = sum(r["changed"] for r in again.recap.values())
+        if changed:
+            raise SystemExit(f"the rerun on {count} hosts was not converged: changed={changed}")
+        return first, again
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,4,8")
     parser.add_argument("--forks", type=int, default=10)
+    parser.add_argument("--profile", action="store_true", help="time every task (a callback) and print the slowest")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (systemd-nspawn, network namespaces), like the Ansible tests")
@@ -93,12 +188,12 @@ def main() -> None:
     first: dict[int, float] = {}
     rerun_s = None
     for count in sizes:
-        seconds, again = measure(count, max(args.forks, 8), rerun=count == max(sizes))
-        first[count] = seconds
-        print(f"site.yml, {count} fresh host(s): {seconds:6.1f} s", flush=True)
+        run, again = measure(count, max(args.forks, 8), rerun=count == max(sizes), profile=args.profile)
+        first[count] = run.wall_s
+        report(f"{count} fresh host(s)", run)
         if again is not None:
-            rerun_s = again
-            print(f"site.yml, {count} converged host(s) (rerun, changed=0): {again:6.1f} s", flush=True)
+            rerun_s = again.wall_s
+            report(f"{count} converged host(s) (rerun, changed=0)", again)
     load = os.getloadavg()[0]
     print(f"load average at the end: {load:.1f} on {os.cpu_count()} CPUs")
     small, large = min(sizes), max(sizes)

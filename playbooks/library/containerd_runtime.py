@@ -304,7 +304,7 @@ def main():
         _atomic_write(p["dropin_path"], dropin_text)
         if new_config_text != config_text:
             _atomic_write(p["config_path"], new_config_text)
-    if not module.check_mode:
+    if changed and not module.check_mode:  # unchanged files: the effective config is the prediction
         after = containerd.dump(p["config_path"])
         mismatch = differences(predicted, after)
         if mismatch:

@@ -26,7 +26,9 @@ options:
 
 RETURN = r"""
 gpu_facts:
-  description: C(nvml) (bool), C(reason), C(driver_version), C(driver_branch), C(cuda_driver_version), C(gpus).
+  description: >-
+    C(nvml) (bool), C(bindings) (pynvml importable), C(reason), C(driver_version), C(driver_branch),
+    C(cuda_driver_version), C(gpus), C(platform) (C(id), C(version_id), C(id_like) from /etc/os-release).
   returned: always
   type: dict
 """
@@ -132,29 +134,44 @@ def read_host(nvml):
     }
 
 
-def no_gpus(reason):
-    return {"nvml": False, "reason": reason, "driver_version": None, "driver_branch": None,
+def no_gpus(reason, bindings):
+    return {"nvml": False, "bindings": bindings, "reason": reason, "driver_version": None, "driver_branch": None,
             "cuda_driver_version": None, "gpus": []}
+
+
+def read_platform(path="/etc/os-release"):
+    """ID, VERSION_ID and ID_LIKE of the host, so callers need no separate fact gathering."""
+    found = {}
+    try:
+        with open(path) as handle:
+            for line in handle:
+                key, sep, value = line.strip().partition("=")
+                if sep:
+                    found[key] = value.strip().strip('"')
+    except OSError:
+        pass
+    return {"id": found.get("ID", ""), "version_id": found.get("VERSION_ID", ""),
+            "id_like": found.get("ID_LIKE", "").split()}
 
 
 def gather():
     try:
         import pynvml
     except ImportError as err:
-        return no_gpus(f"the NVML Python bindings (pynvml) cannot be imported: {err}")
+        return no_gpus(f"the NVML Python bindings (pynvml) cannot be imported: {err}", bindings=False)
     try:
         pynvml.nvmlInit()
     except (pynvml.NVMLError, OSError) as err:
-        return no_gpus(f"NVML did not initialise (no NVIDIA driver loaded?): {err}")
+        return no_gpus(f"NVML did not initialise (no NVIDIA driver loaded?): {err}", bindings=True)
     try:
-        return read_host(pynvml)
+        return dict(read_host(pynvml), bindings=True)
     finally:
         pynvml.nvmlShutdown()
 
 
 def main():
     module = AnsibleModule(argument_spec={"expected_gpus": {"type": "int", "default": 0}}, supports_check_mode=True)
-    facts = gather()
+    facts = dict(gather(), platform=read_platform())
     expected = module.params["expected_gpus"]
     if expected > 0 and not facts["nvml"]:
         module.fail_json(msg=f"the environment says this host has {expected} GPUs, but NVML reports none: "

@@ -3,10 +3,11 @@ containerd (and the few Debian packages the fixtures need), downloaded on this m
 because the test hosts have no route out.
 
 Layout (each directory a flat repository, as NVIDIA's are):
-  debian/                    the site's Debian mirror: containerd, runc, python3-yaml, python3-pynvml (the NVML
-                             simulator, standing in for the bindings a site mirrors), gpushare-testbed-node
+  debian/                    the site's Debian mirror: containerd, runc, python3-yaml, python3-pynvml (NVML bindings
+                             that load the driver's NVML, as a site mirrors them), gpushare-testbed-node
   nvidia-container-toolkit/  nvidia-container-toolkit{,-base}, libnvidia-container{1,-tools}: 1.18.2 and 1.17.8
-  cuda/                      nvidia-driver-580, nvidia-fabricmanager-580, datacenter-gpu-manager-4-{core,cuda12,cuda13}
+  cuda/                      nvidia-driver-580 (the NVML simulator), nvidia-fabricmanager-580,
+                             datacenter-gpu-manager-4-{core,cuda12,cuda13}
   mig-manager/               nvidia-mig-manager (mig-parted's systemd package)
 """
 
@@ -81,21 +82,25 @@ def fixture_packages() -> list[Package]:
     sim, bins, units, mig = SOURCES / "sim", SOURCES / "bin", SOURCES / "units", SOURCES / "mig-manager"
     pkgs: list[Package] = []
     pkgs.append(Package("python3-pynvml", "13.580.95-gpusim1", "debian",
-                        "NVML simulator installed as the pynvml module (gpushare test fixture)", depends=["python3"])
-                .add("/usr/lib/python3/dist-packages/pynvml.py", sim / "pynvml.py")
-                .add("/usr/lib/python3/dist-packages/gpusim.py", sim / "gpusim.py")
-                .add("/usr/share/gpusim/tables.json", json.dumps(simulator_tables(), indent=1, sort_keys=True))
-                .add("/usr/bin/gpusim", bins / "gpusim", 0o755))
+                        "NVML Python bindings: load the driver's NVML, the simulator (gpushare test fixture)",
+                        depends=["python3"])
+                .add("/usr/lib/python3/dist-packages/pynvml.py", sim / "pynvml_bindings.py"))
     pkgs.append(Package("gpushare-testbed-node", "1.0", "debian",
                         "Stand-ins for the site's kubelet and dcgm-exporter (gpushare test fixture)",
-                        depends=["python3-pynvml"], postinst="systemctl enable kubelet.service dcgm-exporter.service\n")
+                        postinst="systemctl enable kubelet.service dcgm-exporter.service\n")
                 .add("/lib/systemd/system/kubelet.service", units / "kubelet.service")
                 .add("/lib/systemd/system/dcgm-exporter.service", units / "dcgm-exporter.service"))
     branch = DRIVER_VERSION.split(".")[0]
+    # The driver: its NVML (the simulator over the host's simulated GPUs, MIG tables from gpushare's catalog),
+    # nvidia-smi and the `gpusim` command the tests drive the GPUs with.
     pkgs.append(Package(f"nvidia-driver-{branch}", f"{DRIVER_VERSION}-1", "cuda",
-                        "NVIDIA driver marker: version and nvidia-smi over the simulated GPUs (gpushare test fixture)",
-                        depends=["python3-pynvml"])
+                        "NVIDIA driver stand-in: simulated NVML, nvidia-smi (gpushare test fixture)",
+                        depends=["python3"])
+                .add("/usr/lib/gpusim/pynvml.py", sim / "pynvml.py")
+                .add("/usr/lib/gpusim/gpusim.py", sim / "gpusim.py")
+                .add("/usr/share/gpusim/tables.json", json.dumps(simulator_tables(), indent=1, sort_keys=True))
                 .add("/usr/share/gpusim/driver.json", json.dumps({"version": DRIVER_VERSION, "cuda": DRIVER_CUDA}))
+                .add("/usr/bin/gpusim", bins / "gpusim", 0o755)
                 .add("/usr/bin/nvidia-smi", bins / "nvidia-smi", 0o755))
     pkgs.append(Package(f"nvidia-fabricmanager-{branch}", f"{DRIVER_VERSION}-1", "cuda",
                         "NVIDIA fabric manager (gpushare test fixture)")
@@ -113,7 +118,7 @@ def fixture_packages() -> list[Package]:
                     .add("/usr/share/doc/libnvidia-container-tools/VERSION", version + "\n"))
         pkgs.append(Package("nvidia-container-toolkit-base", full, "nvidia-container-toolkit",
                             "NVIDIA Container Toolkit base: nvidia-ctk over the simulated GPUs (gpushare test fixture)",
-                            depends=["python3-pynvml", "python3-yaml"],
+                            depends=["python3-yaml"],
                             conffiles=["/etc/nvidia-container-runtime/config.toml"])
                     .add("/usr/bin/nvidia-ctk", bins / "nvidia-ctk", 0o755)
                     .add("/usr/bin/nvidia-container-runtime", bins / "nvidia-container-runtime", 0o755)
@@ -129,7 +134,7 @@ def fixture_packages() -> list[Package]:
                     .add("/usr/share/doc/nvidia-container-toolkit/VERSION", version + "\n"))
     manager = (Package("nvidia-mig-manager", MIG_MANAGER_VERSION, "mig-manager",
                        "mig-parted and its systemd service (gpushare test fixture)",
-                       depends=["python3-pynvml", "python3-yaml"],
+                       depends=["python3-yaml"],
                        conffiles=["/etc/systemd/system/nvidia-mig-manager.service.d/override.conf",
                                   "/etc/nvidia-mig-manager/hooks.sh", "/etc/nvidia-mig-manager/hooks.yaml"],
                        postinst="systemctl enable nvidia-mig-manager.service\n")
@@ -141,7 +146,7 @@ def fixture_packages() -> list[Package]:
     pkgs.append(manager)
     pkgs.append(Package("datacenter-gpu-manager-4-core", DCGM_VERSION, "cuda",
                         "DCGM 4 core: host engine and dcgmi over the simulated GPUs (gpushare test fixture)",
-                        depends=["python3-pynvml"])
+                        depends=["python3"])
                 .add("/usr/bin/dcgmi", bins / "dcgmi", 0o755)
                 .add("/usr/bin/nv-hostengine", bins / "nv-hostengine", 0o755)
                 .add("/lib/systemd/system/nvidia-dcgm.service", units / "nvidia-dcgm.service"))

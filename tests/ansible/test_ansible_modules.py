@@ -211,6 +211,30 @@ def sim(tmp_path: Path):
     return Sim()
 
 
+def test_the_bindings_load_the_driver_s_nvml_and_fail_like_nvml_without_it(tmp_path: Path) -> None:
+    probe = ("import pynvml\ntry:\n    pynvml.nvmlInit()\n    print('initialised', pynvml.nvmlDeviceGetCount())\n"
+             "except pynvml.NVMLError as err:\n    print(type(err).__name__, err)\n")
+    shim_dir = tmp_path / "bindings"
+    shim_dir.mkdir()
+    (shim_dir / "pynvml.py").write_text((FIXTURES / "sim" / "pynvml_bindings.py").read_text())
+
+    def run(lib: Path) -> str:
+        env = dict(os.environ, PYTHONPATH=str(shim_dir), GPUSIM_LIB=str(lib),
+                   GPUSIM_DRIVER=str(FIXTURES / "sim" / "absent.json"))
+        return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert run(tmp_path / "no-driver") == "NVMLError_LibraryNotFound NVML Shared Library Not Found"
+    # With the driver's NVML present, the bindings are the simulator (here without driver.json: not initialised).
+    assert run(FIXTURES / "sim") == "NVMLError_LibraryNotFound NVML Shared Library Not Found"
+    driver = tmp_path / "driver.json"
+    driver.write_text(json.dumps({"version": packages.DRIVER_VERSION, "cuda": packages.DRIVER_CUDA}))
+    env = dict(os.environ, PYTHONPATH=str(shim_dir), GPUSIM_LIB=str(FIXTURES / "sim"), GPUSIM_DRIVER=str(driver),
+               GPUSIM_HARDWARE=str(tmp_path / "none.json"), GPUSIM_STATE_DIR=str(tmp_path / "state"))
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "initialised 0"
+
+
 def host_config(tmp_path: Path, host: str) -> tuple[Path, str, dict[str, int]]:
     fleet = resolve(ENVIRONMENTS / "testbed.yaml")
     hv = build_inventory(fleet).hostvars[host]

@@ -1,6 +1,8 @@
-"""NVML simulator for gpushare's test hosts, installed there as the `pynvml` module (fixture package
-python3-pynvml). It implements the subset of nvidia-ml-py's API that gpushare's gpu_facts module and the
-fixture tools (nvidia-mig-parted, nvidia-ctk, nvidia-smi, dcgmi) call, over simulated GPUs:
+"""NVML simulator for gpushare's test hosts: the driver's NVML there, /usr/lib/gpusim/pynvml.py from the driver
+fixture package; the bindings package python3-pynvml (pynvml_bindings.py) loads it, as nvidia-ml-py loads
+libnvidia-ml.so, and the fixture tools import it from /usr/lib/gpusim directly. It implements the subset of
+nvidia-ml-py's API that gpushare's gpu_facts module and the fixture tools (nvidia-mig-parted, nvidia-ctk,
+nvidia-smi, dcgmi) call, over simulated GPUs:
 
 - the hardware (model, count, whether a GPU reset is possible) comes from /etc/gpusim/hardware.json, written by
   the test fixture per host;
