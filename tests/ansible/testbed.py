@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -62,6 +63,7 @@ version = 2
 
 class TestbedError(RuntimeError):
     __test__ = False
+    _instances = itertools.count()
 
 
 def run(cmd: list[str], check: bool = True, **kwargs) -> subprocess.CompletedProcess:
@@ -345,12 +347,15 @@ class Testbed:
             self.prefix, self.prefix_lock = allocate_prefix()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         pid = os.getpid()
+        # Several testbeds may live in one process (the session's and a module's own): each gets its own names.
+        n = next(Testbed._instances) % 10
         for i, spec in enumerate(self.specs, start=1):
             address = self.address(i)
             if _address_in_use(address):
                 raise TestbedError(f"{address} is already in use on this machine (another test run?)")
-            host = Host(spec=spec, index=i, address=address, gateway=f"{self.prefix}.{i}.1", netns=f"gsnt{pid}x{i}",
-                        veth_host=f"gsv{pid % 10**7}h{i}", veth_guest=f"gsv{pid % 10**7}g{i}",
+            host = Host(spec=spec, index=i, address=address, gateway=f"{self.prefix}.{i}.1",
+                        netns=f"gsnt{pid}x{n * 100 + i}", veth_host=f"gsv{pid % 10**6}{n}h{i}",
+                        veth_guest=f"gsv{pid % 10**6}{n}g{i}",
                         root=self.run_dir / spec.name, log=self.run_dir / f"{spec.name}.log", key=key, repo=self.repo)
             self.hosts.append(host)
             host.create_network()
