@@ -63,7 +63,6 @@ version = 2
 
 class TestbedError(RuntimeError):
     __test__ = False
-    _instances = itertools.count()
 
 
 def run(cmd: list[str], check: bool = True, **kwargs) -> subprocess.CompletedProcess:
@@ -313,6 +312,7 @@ class Testbed:
     no other test run on this machine holds, so concurrent runs (another developer's `make test`) never collide."""
 
     __test__ = False
+    _instances = itertools.count()  # testbeds started in this process: each gets its own interface names
 
     def __init__(self, specs: list[HostSpec], tag: str = ""):
         self.specs = specs
