@@ -509,7 +509,7 @@ class Proposal:
         return "".join(out)
 
 
-def _yaml() -> Any:
+def roundtrip_yaml() -> Any:
     from ruamel.yaml import YAML
 
     y = YAML()
@@ -519,7 +519,7 @@ def _yaml() -> Any:
     return y
 
 
-def _dump(y: Any, data: Any) -> str:
+def dump_yaml(y: Any, data: Any) -> str:
     import io
 
     buf = io.StringIO()
@@ -636,7 +636,7 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
     candidates = [rc for rc in recs if rc.changes and not rc.gaps]
     proposal = Proposal()
     while candidates:
-        y = _yaml()
+        y = roundtrip_yaml()
         doc = y.load(original)
         new_profiles: dict[str, dict[str, Any]] = {}
         kept = []
@@ -646,14 +646,14 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
                 proposal.withheld[rc.pool] = why
             else:
                 kept.append(rc)
-        text = _dump(y, doc)
+        text = dump_yaml(y, doc)
         with tempfile.TemporaryDirectory(prefix="gpushare-capacity-") as tmp:
             tmp_profiles = Path(tmp) / "profiles"
             tmp_profiles.mkdir()
             for path in profiles_dir.glob("*.yaml"):
                 (tmp_profiles / path.name).write_text(path.read_text())
             for name, data in new_profiles.items():
-                (tmp_profiles / f"{name}.yaml").write_text(_dump(_yaml(), data))
+                (tmp_profiles / f"{name}.yaml").write_text(dump_yaml(roundtrip_yaml(), data))
             env_file = Path(tmp) / "environments" / source.name
             env_file.parent.mkdir()
             env_file.write_text(text)
@@ -676,6 +676,6 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
         if kept:
             proposal.files[rel_env] = (original, text)
             for name, data in new_profiles.items():
-                proposal.files[f"{rel_profiles}/{name}.yaml"] = (None, _dump(_yaml(), data))
+                proposal.files[f"{rel_profiles}/{name}.yaml"] = (None, dump_yaml(roundtrip_yaml(), data))
         break
     return proposal

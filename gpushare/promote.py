@@ -30,7 +30,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from gpushare.capacity import Prometheus, Proposal, _dump, _yaml
+from gpushare.capacity import Prometheus, Proposal, dump_yaml, roundtrip_yaml
 from gpushare.errors import GpushareError, Problem
 from gpushare.guardrails import Guardrails, duration_seconds, guardrails_path
 from gpushare.monitoring import rules as r
@@ -117,7 +117,7 @@ def _models(pool: ResolvedPool) -> set[str]:
 def propose(source: ResolvedFleet, target: ResolvedFleet, workdir: Path) -> Promotion:
     """The target file with the source's settings carried over (round-trip YAML, comments kept), resolved from a copy
     under `workdir`; the target's own file is only read."""
-    y = _yaml()
+    y = roundtrip_yaml()
     original = target.source.read_text()
     doc = y.load(original)
     changes: list[Change] = []
@@ -148,7 +148,7 @@ def propose(source: ResolvedFleet, target: ResolvedFleet, workdir: Path) -> Prom
     carry(defaults, "driver_branch", source.env.defaults.driver_branch, "defaults.driver_branch")
     carry(defaults, "toolkit_version", source.env.defaults.toolkit_version, "defaults.toolkit_version")
 
-    text = _dump(y, doc) if changes else original
+    text = dump_yaml(y, doc) if changes else original
     candidate_file = workdir / "environments" / target.source.name
     candidate_file.parent.mkdir(parents=True, exist_ok=True)
     candidate_file.write_text(text)

@@ -32,7 +32,6 @@ from gpushare.resolve import ResolvedFleet, default_profiles_dir, project_root
 
 DEFAULT_BATCHES = "1,50%,100%"
 ROLLOUT_STATE_LABEL = "gpushare.io/rollout-state"
-GATES = ("converge", "verify", "dcgm", "device-plugin")
 
 Kind = Literal["rollout", "rollback"]
 
@@ -411,10 +410,11 @@ def _batch_steps(batches: list[list[str]], done: set[str], kubeconfig: bool) -> 
     return out
 
 
-def _resolve_snapshot(snapshot: Snapshot, directory: Path) -> tuple[Path, ResolvedFleet]:
+def _resolve_snapshot(snapshot: Snapshot, work: Path) -> tuple[Path, ResolvedFleet]:
+    """The snapshot written out under work/revisions/<fingerprint> and resolved from there."""
     from gpushare.resolve import resolve
 
-    path = snapshot.materialize(directory)
+    path = snapshot.materialize(work / "revisions" / snapshot.fingerprint)
     return path, resolve(path)
 
 
@@ -443,14 +443,14 @@ def plan_rollout(env_file: Path, fleet: ResolvedFleet, journal: Journal, batches
                 f"{unfinished.revision}); resuming would mix two revisions",
                 file=str(env_file), fix="start a new rollout without --resume (finished hosts are converged again, "
                 "which changes nothing on them), or restore the files of that revision"), exit_code=1)
-        path, target = _resolve_snapshot(snap, work / "revisions" / snap.fingerprint)
+        path, target = _resolve_snapshot(snap, work)
         done = unfinished.passed_hosts
         first, last = _stored_pulumi_steps(unfinished)
         steps = [Step("check", {"description": "gpushare check passed when the rollout started", "skip": "done"})]
         steps.append(_mark_done(first, unfinished.step_done(first.step)))
         steps += _batch_steps(unfinished.batches, done, kubeconfig)
         steps.append(_mark_done(last, unfinished.step_done(last.step)))
-        return RolloutPlan(kind=unfinished.kind if unfinished.kind == "rollback" else "rollout",  # type: ignore[arg-type]
+        return RolloutPlan(kind="rollback" if unfinished.kind == "rollback" else "rollout",
                            environment=environment, env_file=path, fleet=target, snapshot=snap,
                            revision=unfinished.revision, dirty=bool(unfinished.start.get("dirty")),
                            batches=unfinished.batches, done_hosts=done, steps=steps, resumes=unfinished,
@@ -459,10 +459,10 @@ def plan_rollout(env_file: Path, fleet: ResolvedFleet, journal: Journal, batches
     previous_fleet: ResolvedFleet | None = None
     if previous is not None:
         snap_prev = Snapshot.from_git(project_root(), previous, env_file)
-        _, previous_fleet = _resolve_snapshot(snap_prev, work / "revisions" / snap_prev.fingerprint)
+        _, previous_fleet = _resolve_snapshot(snap_prev, work)
     elif succeeded:
         last_ok = succeeded[-1]
-        _, previous_fleet = _resolve_snapshot(last_ok.snapshot, work / "revisions" / last_ok.snapshot.fingerprint)
+        _, previous_fleet = _resolve_snapshot(last_ok.snapshot, work)
 
     if kind == "rollback":
         # The revision to go back to: the last one that succeeded before the latest rollout, with other contents.
@@ -479,7 +479,7 @@ def plan_rollout(env_file: Path, fleet: ResolvedFleet, journal: Journal, batches
         later = records[records.index(last_ok) + 1:]
         changed: set[str] = set().union(*(r.changed_hosts for r in later)) if later else set()
         snap = last_ok.snapshot
-        path, target = _resolve_snapshot(snap, work / "revisions" / snap.fingerprint)
+        path, target = _resolve_snapshot(snap, work)
         order = ansible_hosts(target)
         hosts = [h for h in order if h in changed]
         gone = sorted(changed - set(order))
