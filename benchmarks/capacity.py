@@ -52,7 +52,8 @@ def environment_file(path: Path) -> None:
                       "profile": profile, "hosts": entries})
     path.write_text(yaml.safe_dump({
         "name": "dev", "defaults": {"driver_branch": 580, "toolkit_version": "1.18.2", "containerd_version": "2.1"},
-        "clusters": [{"name": "bench", "kind": "bare-metal", "mig_strategy": "mixed", "cdi": True}],
+        "clusters": [{"name": "bench", "kind": "bare-metal", "kubernetes_version": "1.33",
+                      "mig_strategy": "mixed", "cdi": True}],
         "pools": pools,
         "tenants": [{"name": "bench", "namespace": "bench", "trust": "trusted", "priority": "online",
                      "quota": {"nvidia.com/gpu.shared": 128, "nvidia.com/mig-4g.40gb": 64,

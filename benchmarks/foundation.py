@@ -40,7 +40,7 @@ def synthetic_environment(directory: Path, gpus: int = 10_000, gpus_per_host: in
     data = {
         "name": "synthetic",
         "defaults": {"driver_branch": 580, "toolkit_version": "1.18.2"},
-        "clusters": [{"name": "metal", "kind": "bare-metal"}],
+        "clusters": [{"name": "metal", "kind": "bare-metal", "kubernetes_version": "1.33"}],
         "pools": pools,
     }
     path = directory / "synthetic.yaml"

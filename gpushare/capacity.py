@@ -49,6 +49,14 @@ class Prometheus:
     """The /api/v1/query and /api/v1/query_range endpoints. Errors name the URL and what to do."""
 
     def __init__(self, url: str, timeout: float = 120.0) -> None:
+        try:
+            parsed = urllib.parse.urlsplit(url)
+            ok = parsed.scheme in ("http", "https") and bool(parsed.hostname) and parsed.port != 0
+        except ValueError:  # an unclosed IPv6 bracket, a port that is not a number or above 65535
+            ok = False
+        if not ok:
+            raise GpushareError(Problem(f"--prometheus {url[:200]!r} is not an http(s) URL",
+                                        fix="give the Prometheus base URL, e.g. http://prometheus:9090"), exit_code=2)
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.timings: list[QueryTiming] = []

@@ -6,6 +6,7 @@ Heavy imports (pydantic models, Jinja2, Pulumi, Ansible) happen inside the comma
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -77,15 +78,19 @@ def _resolve(env: str, profiles: Path | None) -> ResolvedFleet:
 @app.command()
 def validate(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = False) -> None:
     """Check an environment: schema, GPU models, MIG layouts, profiles, hosts, tenants and rendering."""
+    from gpushare.guardrails import load_guardrails
     from gpushare.render import render_fleet
+    from gpushare.tenancy import fleet_tenancy
 
     try:
         fleet = _resolve(env, profiles)
         rendered = render_fleet(fleet)
+        tenancy = fleet_tenancy(fleet, load_guardrails())
     except GpushareError as err:
         raise fail(err, as_json) from None
+    warnings = fleet.warnings + [w for ct in tenancy.values() for w in ct.warnings]
     if as_json:
-        print(json.dumps({"ok": True, "environment": fleet.environment, "errors": [], "warnings": fleet.warnings,
+        print(json.dumps({"ok": True, "environment": fleet.environment, "errors": [], "warnings": warnings,
                           "files": sorted(rendered.files)}, indent=2))
         return
     from rich.console import Console
@@ -97,7 +102,7 @@ def validate(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOptio
         f"{len(fleet.pools)} pools, {sum(n.count for n in fleet.nodes)} nodes, {t.physical_gpus} GPUs, "
         f"{t.advertised_total} schedulable GPU resources, {len(rendered.files)} files to render"
     )
-    for w in fleet.warnings:
+    for w in warnings:
         console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
 
 
@@ -181,9 +186,13 @@ def render(
     as_json: JsonOption = False,
 ) -> None:
     """Write the mig-parted config, device-plugin configs, toolkit config.toml and containerd drop-in."""
+    from gpushare.files import check_output_dir
     from gpushare.render import render_fleet, write_rendered
+    from gpushare.resolve import default_profiles_dir, environment_path
 
     try:
+        env_file = environment_path(env)
+        check_output_dir(out, [env_file, profiles or default_profiles_dir(env_file)])
         fleet = _resolve(env, profiles)
         written = write_rendered(render_fleet(fleet), out)
     except GpushareError as err:
@@ -200,14 +209,50 @@ def schema(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the JSON Schema files.")] = Path("schema"),
 ) -> None:
     """Write the JSON Schemas of environment and profile files (for editors via yaml-language-server)."""
+    from gpushare.files import check_output_dir, write_file
     from gpushare.spec import json_schemas
 
-    out.mkdir(parents=True, exist_ok=True)
+    check_output_dir(out, option="--out")
     for name, content in json_schemas().items():
         path = out / name
-        path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+        write_file(path, json.dumps(content, indent=2, sort_keys=True) + "\n")
         print(path)
 
 
+EXIT_INTERNAL = 70  # EX_SOFTWARE: gpushare itself failed, whatever the input
+
+
 def main(argv: list[str] | None = None) -> Any:
-    return app(args=argv if argv is not None else sys.argv[1:], prog_name="gpushare")
+    """The one boundary of every command: exit 0, 1 (invalid input or a failed check), 2 (unusable input or
+    usage), 3 (no GPU or NVML), 130 (interrupted) or 70 (an internal error, in one line); never a traceback."""
+    args = list(argv if argv is not None else sys.argv[1:])
+    as_json = "--json" in args
+    try:
+        return app(args=args, prog_name="gpushare")
+    except GpushareError as err:
+        code = fail(err, as_json).exit_code
+    except KeyboardInterrupt:
+        print("gpushare: interrupted; nothing half-written was left in place", file=sys.stderr)
+        code = 130
+    except MemoryError:
+        code = _internal("ran out of memory", args, as_json)
+    except RecursionError:
+        code = _internal("input nested too deeply (recursion limit)", args, as_json)
+    except Exception as exc:  # noqa: BLE001 - the boundary: anything left is gpushare's own fault
+        if os.environ.get("GPUSHARE_DEBUG"):
+            raise
+        code = _internal(f"{type(exc).__name__}: {exc}", args, as_json)
+    sys.exit(code)
+
+
+def _internal(what: str, args: list[str], as_json: bool) -> int:
+    import shlex
+
+    first = what.splitlines()[0][:300] if what else "unknown"
+    line = (f"gpushare: internal error ({first}); this is a bug in gpushare, not in your input. Report it with "
+            f"the output of: GPUSHARE_DEBUG=1 gpushare {shlex.join(args)}")
+    if as_json:
+        print(json.dumps({"ok": False, "errors": [line], "internal": True}))
+    else:
+        print(line, file=sys.stderr)
+    return EXIT_INTERNAL

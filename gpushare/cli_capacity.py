@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gpushare.errors import GpushareError, Problem
+from gpushare.files import check_output_file, write_file, write_with
 
 if TYPE_CHECKING:
     from gpushare.capacity import Recommendation
@@ -36,8 +37,7 @@ def _chart(recs: list[Recommendation], path: Path, environment: str, window: str
     ax.set_title(f"gpushare capacity: {environment}, last {window}")
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png"))
     plt.close(fig)
 
 
@@ -74,9 +74,13 @@ def capacity_command(
         if not re.fullmatch(r"[1-9][0-9]*[smhdw]", window):
             raise GpushareError(Problem(f"--window {window!r} is not a Prometheus duration",
                                         fix="use e.g. 7d, 36h or 90m"), exit_code=2)
-        fleet = resolve_env(env)
-        guardrails = load_guardrails()
         prom = Prometheus(prometheus)
+        fleet = resolve_env(env)
+        check_output_file(patch or Path("build") / "capacity" / f"{fleet.environment}.patch", [fleet.source],
+                          option="--patch")
+        if chart is not None:
+            check_output_file(chart, [fleet.source], option="--chart")
+        guardrails = load_guardrails()
         at = end if end is not None else time.time()
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                       transient=True, disable=as_json) as progress:
@@ -100,8 +104,7 @@ def capacity_command(
     patch_path = patch or Path("build") / "capacity" / f"{fleet.environment}.patch"
     text = proposal.patch
     if text:
-        patch_path.parent.mkdir(parents=True, exist_ok=True)
-        patch_path.write_text(text)
+        write_file(patch_path, text)
     if chart is not None:
         _chart(recs, chart, fleet.environment, window)
     query_seconds = sum(t.seconds for t in prom.timings)

@@ -9,13 +9,14 @@ from typing import Annotated, Any
 
 import typer
 
-from gpushare.errors import GpushareError
+from gpushare.errors import GpushareError, Problem
 
 
 def check_command(
     env: Annotated[str, typer.Option("--env", "-e", help="Environment name under environments/, or a path.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    waivers: Annotated[Path | None, typer.Option("--waivers", help="Waivers file (default policies/waivers.yaml).")
+    waivers: Annotated[Path | None, typer.Option(
+        "--waivers", help="Waivers file; must exist when given (default policies/waivers.yaml, which may be absent).")
                        ] = None,
     today: Annotated[str | None, typer.Option("--today", help="Date to judge waiver expiry by (YYYY-MM-DD).")] = None,
     offline_plan: Annotated[bool, typer.Option(
@@ -28,13 +29,14 @@ def check_command(
     try:
         when = date.fromisoformat(today) if today else date.today()
     except ValueError:
-        raise fail(GpushareError(f"--today {today!r} is not a date (YYYY-MM-DD)", exit_code=2), as_json) from None
+        raise fail(GpushareError(Problem(f"--today {(today or '')[:40]!r} is not a date", fix="write a real date as "
+                                         "YYYY-MM-DD, e.g. 2026-12-01"), exit_code=2), as_json) from None
     try:
         plan = None
         if offline_plan:
             plan = _offline_plan(env)
         ctx = context_for(env, plan)
-        waiver_list, waiver_file = load_waivers(waivers)
+        waiver_list, waiver_file = load_waivers(waivers, ctx.guardrails)
         report = evaluate(ctx, waiver_list, when, waiver_file)
     except GpushareError as err:
         raise fail(err, as_json) from None

@@ -93,7 +93,7 @@ def validate_command(
         raise typer.Exit(code=err.exit_code) from None
     check = check_layout(model, instances, driver_branch)
     if json_out:
-        _print_json(check.as_json())
+        _print_json({**check.as_json(), **({} if check.ok else {"fix": _layout_fix(model)})})
     else:
         _print_check(model, layout, check)
     raise typer.Exit(code=0 if check.ok else 1)
@@ -113,6 +113,13 @@ def _print_check(model: GpuModel, layout: str, check: MigCheck) -> None:
         typer.echo(typer.style("  error: ", fg="red") + error)
     for warning in check.warnings:
         typer.echo(typer.style("  warning: ", fg="yellow") + warning)
+    if not check.ok:
+        typer.echo(typer.style("  fix: ", fg="green") + _layout_fix(model))
+
+
+def _layout_fix(model: GpuModel) -> str:
+    return (f"`gpushare mig profiles --gpu '{model.name}'` lists each profile's count limit, slices and allowed "
+            "starts; NVIDIA's own layouts are in mig-parted's default config")
 
 
 def profiles_document(model: GpuModel) -> dict[str, Any]:

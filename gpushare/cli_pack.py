@@ -39,9 +39,12 @@ def pack_command(
     from gpushare.cli import fail
     from gpushare.demand import load_demand, parse_gpus_option
     from gpushare.errors import GpushareError
+    from gpushare.files import check_output_file, write_file
     from gpushare.pack import env_section_yaml, plan_demand
 
     try:
+        if env_out is not None:
+            check_output_file(env_out, [demand], option="--env-out")
         spec, doc = load_demand(demand)
         supply = parse_gpus_option(gpus) if gpus is not None else None
         if as_json:
@@ -56,8 +59,7 @@ def pack_command(
     except GpushareError as err:
         raise fail(err, as_json) from None
     if env_out is not None and section is not None:
-        env_out.parent.mkdir(parents=True, exist_ok=True)
-        env_out.write_text(section)
+        write_file(env_out, section)
     if as_json:
         document = plan.as_json()
         if env_out is not None:

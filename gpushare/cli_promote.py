@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gpushare.errors import GpushareError, Problem
+from gpushare.files import check_output_file, write_file
 
 if TYPE_CHECKING:
     from gpushare.promote import Promotion
@@ -64,8 +65,9 @@ def promote_command(
     from gpushare.resolve import resolve_env
 
     when = at if at is not None else time.time()
-    prom = Prometheus(prometheus) if prometheus else None
     try:
+        prom = Prometheus(prometheus) if prometheus else None
+        check_output_file(patch or Path("build") / "promote" / f"{target}.patch", option="--patch")
         guardrails = load_guardrails()
         check_promotion(guardrails, source, target)
         with tempfile.TemporaryDirectory(prefix="gpushare-promote-") as tmp:
@@ -93,8 +95,7 @@ def promote_command(
     patch_path = patch or Path("build") / "promote" / f"{target}.patch"
     written = ok and bool(text)
     if written:
-        patch_path.parent.mkdir(parents=True, exist_ok=True)
-        patch_path.write_text(text)
+        write_file(patch_path, text)
     summary: dict[str, Any] = {
         "ok": ok, "from": source, "to": target, "at": when,
         "gates": [g.as_dict() for g in gates],
@@ -143,9 +144,10 @@ def _print(summary: dict[str, Any], gates: list[Any], errors: list[Problem], whe
             out.print(f"  [green]fix[/]: {escape(p.fix)}", soft_wrap=True)
     for c in summary["changes"]:
         out.print(f"change from {source}: {c['path']}: {c['from']} -> {c['to']}", soft_wrap=True)
-    if not text:
+    if failing:
+        why = "no --prometheus, so no evidence" if errors else f"{len(failing)} gate(s) failed"
+        out.print(f"not promoted: {why}; nothing was written")
+    elif not text:
         out.print(f"nothing to write: {target} already runs {source}'s profiles, driver branches and toolkit")
-    elif summary["patch"]:
-        out.print(f"proposed change written to {patch_path} (review it; nothing was applied)")
     else:
-        out.print(f"no patch written: {len(failing)} gate(s) failed")
+        out.print(f"proposed change written to {patch_path} (review it; nothing was applied)")

@@ -50,6 +50,7 @@ def rollout_command(
     Pulumi prunes; resumable from the journal, with rollback. Exit 0 done, 1 refused or failed, 2 bad input,
     3 stopped at a manual step."""
     from gpushare.cli import fail
+    from gpushare.files import check_output_file
     from gpushare.resolve import resolve_env
     from gpushare.rollout import Journal, parse_batches, plan_rollout, state_dir
 
@@ -64,6 +65,7 @@ def rollout_command(
         parse_batches(batches)
         fleet = resolve_env(env)
         journal = Journal(journal_path or state_dir(fleet.environment) / "journal.jsonl")
+        check_output_file(journal.path, [fleet.source], option="--journal")
         if not (resume or rollback):
             _check(env, waivers, as_json, refuse=True)
         plan = plan_rollout(fleet.source, fleet, journal, batches, kind="rollback" if rollback else "rollout",

@@ -25,7 +25,8 @@ DEFAULT_LATENCY: dict[str, Latency] = {"online": "medium", "batch": "low", "dev"
 
 class GpuSupply(Strict):
     model: str = Field(description="GPU model: NVML name, alias, slug, GKE accelerator name or PCI id.")
-    count: int | None = Field(None, ge=0, description="GPUs of this model available; absent: as many as needed.")
+    count: int | None = Field(None, ge=0, le=100_000,
+                              description="GPUs of this model available; absent: as many as needed.")
     cost: float = Field(1.0, gt=0, description="Relative cost of one GPU of this model (objective: cost).")
 
 
@@ -115,8 +116,12 @@ def parse_gpus_option(text: str) -> list[GpuSupply]:
         if not sep:
             supplies.append(GpuSupply(model=item, count=None, cost=1.0))
             continue
-        if not re.fullmatch(r"\d+", count.strip()):
-            raise GpushareError(Problem(f"--gpus: count {count!r} of {model.strip()!r} is not a whole number",
-                                        fix='write "MODEL=COUNT", e.g. "NVIDIA L4=8"'), exit_code=2)
+        if not re.fullmatch(r"\d{1,6}", count.strip()) or int(count) > 100_000:
+            raise GpushareError(Problem(f"--gpus: count {count[:20]!r} of {model.strip()[:60]!r} is not a whole "
+                                        "number up to 100000", fix='write "MODEL=COUNT", e.g. "NVIDIA L4=8"'),
+                                exit_code=2)
+        if model.strip() in {s.model for s in supplies}:
+            raise GpushareError(Problem(f"--gpus: {model.strip()[:60]!r} is listed twice",
+                                        fix="give each model once with its total count"), exit_code=2)
         supplies.append(GpuSupply(model=model.strip(), count=int(count), cost=1.0))
     return supplies

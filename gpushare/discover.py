@@ -6,9 +6,13 @@ import ctypes
 from typing import Any
 
 from gpushare.catalog import GpuModel, load_catalog, normalise_pci_id
-from gpushare.errors import GpushareError
+from gpushare.errors import GpushareError, Problem
 
 NVML_DEVICE_MIG_ENABLE = 1  # nvml.h: the value nvmlDeviceGetMigMode reports for "enabled"
+
+
+_NO_DRIVER_FIX = ("run discover on a GPU host with the NVIDIA driver loaded (`nvidia-smi` answers); CI machines "
+                  "without a GPU cannot discover")
 
 
 def discover() -> dict[str, Any]:
@@ -19,17 +23,20 @@ def discover() -> dict[str, Any]:
     try:
         import pynvml
     except ImportError as err:
-        raise GpushareError(
-            f"no NVIDIA driver: the NVML bindings cannot be imported ({err})", exit_code=3
+        raise GpushareError(Problem(
+            f"no NVIDIA driver: the NVML bindings cannot be imported ({err})", fix=_NO_DRIVER_FIX), exit_code=3
         ) from err
     try:
         pynvml.nvmlInit()
     except (pynvml.NVMLError, OSError) as err:
-        raise GpushareError(f"no NVIDIA driver: NVML did not initialise ({err})", exit_code=3) from err
+        raise GpushareError(Problem(f"no NVIDIA driver: NVML did not initialise ({err})", fix=_NO_DRIVER_FIX),
+                            exit_code=3) from err
     try:
         return _read_host(pynvml)
     except pynvml.NVMLError as err:
-        raise GpushareError(f"NVML failed while reading the GPUs: {err}", exit_code=3) from err
+        raise GpushareError(Problem(f"NVML failed while reading the GPUs: {err}",
+                                    fix="check `nvidia-smi` on this host; a GPU that fell off the bus needs a reset"),
+                            exit_code=3) from err
     finally:
         pynvml.nvmlShutdown()
 

@@ -46,6 +46,6 @@ class GpushareError(Exception):
             problems = [Problem(problems)]
         elif isinstance(problems, Problem):
             problems = [problems]
-        self.problems = list(problems)
+        self.problems = list(dict.fromkeys(problems))  # one problem found twice (two paths to it) prints once
         self.exit_code = exit_code
         super().__init__("\n".join(str(p) for p in self.problems))

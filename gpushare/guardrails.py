@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gpushare.errors import GpushareError, Problem
 from gpushare.resolve import project_root
@@ -25,12 +25,37 @@ class CveFix(Strict):
     fixed_in: Version
 
 
+# A config.toml setting by its dotted path: `nvidia-container-cli.no-cgroups` is no-cgroups in that table.
+TomlKey = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")]
+
+
+class StartsWith(Strict):
+    """A string setting that must start with a prefix (ldconfig: `@` runs the host's ldconfig, not the image's)."""
+
+    prefix: Annotated[str, Field(min_length=1)]
+
+
 class ToolkitPolicy(Strict):
     min_version: Version
     fixes: list[CveFix] = Field(default_factory=list)
-    hardened: dict[str, bool] = Field(
-        default_factory=dict, description="config.toml top-level settings and the values they must have."
+    hardened: dict[TomlKey, bool | StartsWith] = Field(
+        default_factory=dict, description="config.toml settings by dotted path (table.key) and what they must be: "
+        "a boolean, or {prefix: ...} for a string that must start with it. A missing setting fails."
     )
+
+    @field_validator("hardened", mode="before")
+    @classmethod
+    def _one_form_each(cls, value: Any) -> Any:
+        # One clear message instead of pydantic's per-union-member errors.
+        from gpushare.spec import invalid
+
+        for key, want in (value.items() if isinstance(value, dict) else []):
+            prefix = want.get("prefix") if isinstance(want, dict) else None
+            if not isinstance(want, bool) and not (isinstance(want, dict) and set(want) == {"prefix"}
+                                                   and isinstance(prefix, str) and prefix):
+                raise invalid(f"toolkit.hardened.{key} is {want!r}: a hardened setting is true, false or "
+                              "{prefix: <text>}", f"write {key}: false, or {key}: {{prefix: \"@\"}}")
+        return value
 
     @model_validator(mode="after")
     def _floor_covers_every_fix(self) -> ToolkitPolicy:
@@ -90,6 +115,12 @@ class EnvironmentGuardrails(Strict):
     require_fail_requests_greater_than_one: bool = False
     require_exact_mig_placements: bool = False
     promote_from: str | None = Field(None, description="Environment whose profiles and versions this one may use.")
+    non_waivable: list[str] = Field(
+        default_factory=list, description="Rule ids that no waiver may cover in this environment.")
+
+    quota_above_capacity: Literal["error", "warning"] = Field(
+        "warning", description="Tenants guaranteed more of a GPU resource than their cluster advertises: an error "
+        "(validate, plan and the Pulumi program refuse) or a warning.")
 
     def allows_profile(self, name: str) -> bool:
         return "*" in self.allowed_profiles or name in self.allowed_profiles
@@ -181,6 +212,10 @@ class PromotionPolicy(Strict):
 
 class Guardrails(Strict):
     version: int = Field(ge=1, le=1)
+    max_waiver_matches: int = Field(
+        1, ge=1, le=100, description="Most objects (violation locations, pools, hosts, tenants...) one waiver's "
+        "`where` may match; a glob with no literal character (`*`) is never accepted.")
+    max_waiver_days: int = Field(90, ge=1, le=366, description="Latest expiry of a waiver, in days after today.")
     memory_classes: list[MemoryClass] = Field(min_length=1)
     toolkit: ToolkitPolicy
     tenancy: TenancyPolicy
@@ -204,6 +239,13 @@ class Guardrails(Strict):
             if set(limits.max_shared_replicas) != set(names):
                 raise invalid(f"environments.{env}.max_shared_replicas must give every memory class "
                               f"({', '.join(names)})", "add the missing classes or remove unknown ones")
+        from gpushare.policies import RULES  # the rules build on this module
+
+        for env, limits in self.environments.items():
+            unknown = [r for r in limits.non_waivable if r not in RULES]
+            if unknown:
+                raise invalid(f"environments.{env}.non_waivable names unknown rule(s) {', '.join(unknown)}",
+                              f"use rule ids of `gpushare check`: {', '.join(sorted(RULES))}")
         hardware = sorted(set(self.promotion.ignored_xids) & set(self.monitoring.critical_xids))
         if hardware:
             raise invalid(f"promotion.ignored_xids lists {', '.join(map(str, hardware))}, which "

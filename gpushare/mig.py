@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from operator import attrgetter
 from typing import Any
 
@@ -88,6 +89,7 @@ def parse_layout(text: str) -> Layout:
     if not text.strip():
         return ()
     instances: list[Instance] = []
+    counted: dict[str, str] = {}  # profile -> the item that gave its count
     for raw in text.split(","):
         item = re.sub(r"\s+", "", raw)
         if not item:
@@ -106,12 +108,36 @@ def parse_layout(text: str) -> Layout:
         number = 1
         if count is not None:
             if not re.fullmatch(r"-?\d+", count):
-                raise _bad_item(item, f"count {count!r} is not a whole number")
+                raise _bad_item(item, f"count {count[:20]!r} is not a whole number")
+            if len(count.lstrip("-")) > 4:
+                raise _bad_item(item, f"count {count[:20]} is more than any GPU holds ({max_instances_per_gpu()})")
             number = int(count)
             if number < 1:
                 raise _bad_item(item, f"count {number} is below 1; leave the profile out instead")
+        if profile in counted:
+            raise _bad_item(item, f"{profile} appears twice ({counted[profile]} and {item}); counts do not add up "
+                            "silently")
+        counted[profile] = item
+        _check_count(profile, number)
         instances.extend([Instance(profile)] * number)
     return tuple(instances)
+
+
+@cache
+def max_instances_per_gpu() -> int:
+    """The most GPU instances any catalogued GPU can hold: a bound on counts before any list is built."""
+    from gpushare.catalog import load_catalog
+
+    return max((p.max_count for m in load_catalog().models.values() for p in m.profiles.values()), default=0)
+
+
+def _check_count(profile: str, count: int) -> None:
+    """Counts a little above the most any GPU holds reach check_layout, which names the model's own limit;
+    far above it they stop here, before a list of that many instances is built."""
+    limit = max_instances_per_gpu()
+    if count > 8 * limit:
+        raise GpushareError(Problem(f"MIG profile {profile}: count {count} is more than any GPU holds ({limit})",
+                                    fix="give the instances of one GPU"), exit_code=2)
 
 
 def layout_from_counts(counts: Mapping[str, int]) -> Layout:
@@ -125,6 +151,7 @@ def layout_from_counts(counts: Mapping[str, int]) -> Layout:
                 ),
                 2,
             )
+        _check_count(profile, count)
         instances.extend([Instance(profile)] * count)
     return tuple(instances)
 

@@ -496,6 +496,9 @@ def name_profiles(plan: PackPlan) -> None:
         gpu.profile = name
 
 
+PLANNED_KUBERNETES = "1.33"
+
+
 def _dns(text: str, limit: int = 63) -> str:
     out = "".join(ch if ch.isalnum() else "-" for ch in text.casefold())
     while "--" in out:
@@ -509,9 +512,12 @@ def env_section(plan: PackPlan) -> dict[str, Any]:
     section: dict[str, Any] = {}
     if problem.cluster is None:
         mps = any(g.config.kind == "mps" for g in plan.gpus)
-        section["clusters"] = [{"name": "planned", "kind": "bare-metal", "mig_strategy": "mixed", "cdi": True}]
+        # The cluster's real minor is unknown here: the newest one gpushare's schemas are checked against.
+        section["clusters"] = [{"name": "planned", "kind": "bare-metal", "kubernetes_version": PLANNED_KUBERNETES,
+                                "mig_strategy": "mixed", "cdi": True}]
         if mps:
-            section["clusters"].append({"name": "planned-mps", "kind": "bare-metal", "mig_strategy": "single",
+            section["clusters"].append({"name": "planned-mps", "kind": "bare-metal",
+                                        "kubernetes_version": PLANNED_KUBERNETES, "mig_strategy": "single",
                                         "cdi": True})
     elif problem.cluster.kind != "bare-metal":
         raise GpushareError(Problem(

@@ -7,18 +7,31 @@ from policies/guardrails.yaml; exceptions only from policies/waivers.yaml."""
 from __future__ import annotations
 
 import fnmatch
+import json
+import os
+import re
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from gpushare.errors import GpushareError
-from gpushare.guardrails import EnvironmentGuardrails, Guardrails, load_guardrails
-from gpushare.resolve import ResolvedFleet, ResolvedNode, project_root, resolve_env
+from gpushare.errors import GpushareError, Problem
+from gpushare.guardrails import EnvironmentGuardrails, Guardrails, StartsWith, load_guardrails
+from gpushare.resolve import (
+    ResolvedFleet,
+    ResolvedNode,
+    environment_path,
+    environment_stem,
+    project_root,
+    resolve,
+    resolve_env,
+)
 from gpushare.spec import Strict, invalid, read_yaml, validation_problems, version_tuple
 
 Level = Literal["mandatory", "advisory"]
@@ -54,10 +67,17 @@ class Context:
     plan: list[PlanResource] | None = None
     promotion_source: ResolvedFleet | None = None
     rendered: Mapping[str, str] | None = None
+    environment: str | None = None  # the environment as the CLI or the Pulumi stack names it
+    stack_config: Mapping[str, Any] | None = None  # the stack file's config (Pulumi.<stack>.yaml), where one names it
+
+    @property
+    def name(self) -> str:
+        """Whose limits apply: the environment the CLI or the stack names, never the file's `name:` alone."""
+        return self.environment or self.fleet.environment
 
     @property
     def limits(self) -> EnvironmentGuardrails:
-        return self.guardrails.environment(self.fleet.environment)
+        return self.guardrails.environment(self.name)
 
     def plan_of(self, type_suffix: str) -> list[PlanResource]:
         return [r for r in self.plan or [] if r.type.endswith(type_suffix)]
@@ -104,6 +124,23 @@ def _replicas(fleet: ResolvedFleet, node: ResolvedNode) -> int:
 # ---------------------------------------------------------------- rules over the resolved fleet
 
 
+@rule("environment-identity", "mandatory",
+      "The environment checked is the one the CLI or the Pulumi stack names: the file it loads is named after it "
+      "and says the same `name:`, so no environment is judged by another's limits.",
+      "point the stack's gpushare:environment at environments/<stack>.yaml, and keep each file's name: equal to its "
+      "file name")
+def _identity(ctx: Context) -> Iterator[Finding]:
+    fleet = ctx.fleet
+    if fleet.environment != ctx.name:
+        yield (f"environment {ctx.name}",
+               f"{ctx.name} loads {fleet.source}, which is environment {fleet.environment!r}; it is judged with "
+               f"{ctx.name}'s limits")
+    stem = environment_stem(Path(fleet.source))
+    if stem != fleet.environment:
+        yield (f"environment {ctx.name}",
+               f"{fleet.source} says name: {fleet.environment!r} but its file name says {stem!r}")
+
+
 @rule("oversubscription-limit", "mandatory",
       "The environment-wide oversubscription ratio (schedulable GPU resources / hardware units) stays within "
       "the environment's limit.",
@@ -114,7 +151,7 @@ def _oversubscription(ctx: Context) -> Iterator[Finding]:
     t = ctx.fleet.totals
     if t.oversubscription > limit:
         shared = sorted({p.name for p in ctx.fleet.pools if p.totals.oversubscription > 1})
-        yield (f"environment {ctx.fleet.environment}",
+        yield (f"environment {ctx.name}",
                f"oversubscription {t.oversubscription:.2f} ({t.advertised_total} schedulable / {t.hardware_units} "
                f"hardware units) is above the limit {limit:.2f}; shared pools: {', '.join(shared)}")
 
@@ -136,7 +173,7 @@ def _replicas_limit(ctx: Context) -> Iterator[Finding]:
                 seen.add((node.pool, unit))
                 yield (f"pool {node.pool}",
                        f"profile {node.profile} shares each {unit} ({memory:g} GiB, class {cls}) {replicas} ways; "
-                       f"{ctx.fleet.environment} allows {limit}")
+                       f"{ctx.name} allows {limit}")
 
 
 @rule("profile-allowed", "mandatory",
@@ -146,7 +183,7 @@ def _profile_allowed(ctx: Context) -> Iterator[Finding]:
     for node in ctx.fleet.nodes:
         if not ctx.limits.allows_profile(node.profile):
             yield (f"pool {node.pool}" + ("" if node.count != 1 or node.address is None else f", host {node.name}"),
-                   f"profile {node.profile} is not allowed in {ctx.fleet.environment} "
+                   f"profile {node.profile} is not allowed in {ctx.name} "
                    f"(allowed: {', '.join(ctx.limits.allowed_profiles)})")
 
 
@@ -161,23 +198,91 @@ def _resource_isolation(fleet: ResolvedFleet) -> dict[tuple[str, str], set[tuple
 
 @rule("untrusted-tenants-hardware-isolated", "mandatory",
       "Untrusted tenants get quota only on hardware-isolated resources (MIG instances or whole GPUs): no "
-      "resource name they can use is also served by a time-sliced, MPS or GKE-managed shared pool.",
-      "give the tenant MIG or whole-GPU quota only; set rename_by_default so shared replicas are advertised as "
-      "<resource>.shared and a quota can tell them apart")
+      "resource they are guaranteed or may borrow is also served by a time-sliced, MPS or GKE-managed shared pool, "
+      "and their Kueue ClusterQueue can neither hold nor borrow from the cohort anything on a shared flavor.",
+      "give the tenant MIG or whole-GPU quota and borrowing limits only; set rename_by_default so shared replicas "
+      "are advertised as <resource>.shared and a quota can tell them apart")
 def _untrusted(ctx: Context) -> Iterator[Finding]:
     isolation = _resource_isolation(ctx.fleet)
+    untrusted = {t.name for t in ctx.fleet.tenants if t.trust == "untrusted"}
     for tenant in ctx.fleet.tenants:
-        if tenant.trust != "untrusted":
+        if tenant.name not in untrusted:
             continue
-        for resource, amount in tenant.quota.items():
-            if amount == 0:
+        for resource in sorted(set(tenant.quota) | set(tenant.borrowing_limit)):
+            amount, borrow = tenant.quota.get(resource, 0), tenant.borrowing_limit.get(resource, 0)
+            if amount == 0 and borrow == 0:
                 continue
             shared = sorted(pool for c in tenant.clusters for pool, iso in isolation.get((c, resource), set())
                             if iso != "hardware")
             if shared:
-                yield (f"tenant {tenant.name}, quota {resource}",
-                       f"untrusted tenant {tenant.name} has quota on {resource}, which shared pool(s) "
-                       f"{', '.join(shared)} also advertise (no memory or fault isolation)")
+                what = f"quota {resource}" if amount else f"borrowing_limit {resource}"
+                yield (f"tenant {tenant.name}, {what}",
+                       f"untrusted tenant {tenant.name} has {what.replace(' ', ' on ', 1)} ({amount} guaranteed, "
+                       f"{borrow} borrowable), which shared pool(s) {', '.join(shared)} also advertise (no memory "
+                       "or fault isolation)")
+    if not untrusted:
+        return
+    # What the queues really give: gpushare's own tenancy objects, and the plan's ClusterQueues where there is one.
+    from gpushare.tenancy import fleet_tenancy
+
+    seen: set[str] = set()
+    queues: list[tuple[str, Mapping[str, Any], str]] = [
+        (c, obj, "gpushare's") for c, ct in fleet_tenancy(ctx.fleet, ctx.guardrails, refuse=False).items()
+        for obj in ct.objects if obj.get("kind") == "ClusterQueue"]
+    queues += [(r.cluster, r.inputs, "the plan's") for r in ctx.plan_of("kueue.x-k8s.io/v1beta2:ClusterQueue")]
+    clusters = {p.cluster for p in ctx.fleet.pools}
+    for cluster, queue, source in queues:
+        # A plan resource's cluster is its provider's name, which the program names after the cluster.
+        pools = {p.name: p.isolation for p in ctx.fleet.pools if p.cluster == cluster or cluster not in clusters}
+        for where, message in cluster_queue_findings(queue, pools, untrusted):
+            if where not in seen:
+                seen.add(where)
+                yield where, f"{source} {message}"
+
+
+def _quantity(value: Any) -> float | None:
+    """A Kueue quota as a number (ints, floats, "4", "500m"); None where it cannot be read."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)(m?)\s*", str(value))
+    if match is None:
+        return None
+    return float(match.group(1)) / (1000 if match.group(2) else 1)
+
+
+def cluster_queue_findings(queue: Mapping[str, Any], pool_isolation: Mapping[str, str], untrusted: set[str]
+                           ) -> Iterator[Finding]:
+    """An untrusted tenant's ClusterQueue must get nothing, guaranteed or borrowed from the cohort, on a flavor that
+    is not a hardware-isolated pool. A missing borrowingLimit lets Kueue borrow without limit."""
+    meta = queue.get("metadata") or {}
+    spec = queue.get("spec") or {}
+    name = str(meta.get("name", ""))
+    owners = {(meta.get("labels") or {}).get("gpushare.io/tenant"),
+              ((spec.get("namespaceSelector") or {}).get("matchLabels") or {}).get("gpushare.io/tenant"),
+              name.removeprefix("tenant-") if name.startswith("tenant-") else None}
+    tenants = sorted(t for t in owners if isinstance(t, str) and t in untrusted)
+    if not tenants:
+        return
+    for group in spec.get("resourceGroups") or []:
+        for flavor in group.get("flavors") or []:
+            flavor_name = str(flavor.get("name", ""))
+            isolation = pool_isolation.get(flavor_name)
+            if isolation == "hardware":
+                continue
+            for entry in flavor.get("resources") or []:
+                nominal = _quantity(entry.get("nominalQuota", 0))
+                borrow = _quantity(entry["borrowingLimit"]) if "borrowingLimit" in entry else None
+                if nominal == 0 and borrow == 0:
+                    continue
+                gets = (f"nominal {entry.get('nominalQuota', 0)} and borrowing limit "
+                        f"{entry['borrowingLimit'] if 'borrowingLimit' in entry else 'unlimited (absent)'}")
+                kind = f"pool isolation {isolation}" if isolation else "not a gpushare pool"
+                for tenant in tenants:
+                    yield (f"tenant {tenant}, ClusterQueue {name}, flavor {flavor_name}",
+                           f"ClusterQueue {name} gives untrusted tenant {tenant} {gets} of {entry.get('name')} on "
+                           f"flavor {flavor_name} ({kind}): it can run on or borrow shared GPUs")
 
 
 @rule("shared-replicas-renamed", "mandatory",
@@ -211,54 +316,233 @@ def _fail_requests(ctx: Context) -> Iterator[Finding]:
         if not ctx.fleet.profiles[node.profile].time_slicing.fail_requests_greater_than_one:
             done.add(node.profile)
             yield f"profile {node.profile}", f"time-slicing profile {node.profile} (pool {node.pool}) allows " \
-                                             f"requests above one replica in {ctx.fleet.environment}"
+                                             f"requests above one replica in {ctx.name}"
+
+
+# A version inside a toolkit version or an image tag: 1.18.2, v1.17.0-ubuntu20.04 and 1.17.8-1 each name theirs.
+_VERSION_IN_TAG = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+TOOLKIT_IMAGE = "container-toolkit"  # the repository name of NVIDIA's toolkit image (nvcr.io/nvidia/k8s/...)
+OPERATOR_VALUES_KEY = "gpushare:operatorValues"
+
+
+def toolkit_version_of(tag: str) -> str | None:
+    """The toolkit version a version string or image tag names, or None where it names none (`latest`)."""
+    match = _VERSION_IN_TAG.search(tag)
+    return ".".join(g for g in match.groups() if g is not None) if match else None
+
+
+def image_tag(image: str) -> str:
+    """The tag of an image reference ("" when it has none, e.g. only a digest): registry ports are not tags."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return last.split(":", 1)[1] if ":" in last else ""
+
+
+@cache
+def gpu_operator_chart_values() -> dict[str, Any]:
+    """The pinned GPU Operator chart's values.yaml (gpushare/data), for the defaults the operator falls back on."""
+    data = yaml.safe_load((Path(__file__).resolve().parent / "data" / "gpu-operator-values.yaml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def _fields_named(node: Any, key: str, path: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            where = f"{path}.{k}" if path else str(k)
+            if k == key and v is not None:
+                yield where, v
+            else:
+                yield from _fields_named(v, key, where)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _fields_named(v, key, f"{path}[{i}]")
+
+
+def _site_operator_values(ctx: Context) -> Mapping[str, Any]:
+    raw = (ctx.stack_config or {}).get(OPERATOR_VALUES_KEY) or {}
+    if isinstance(raw, str):  # Pulumi config may hold an object as its JSON text
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return {}
+    return raw if isinstance(raw, Mapping) else {}
+
+
+def _container_images(node: Any) -> Iterator[str]:
+    """Every container image in a resource's inputs (a mapping with a name and a string image)."""
+    if isinstance(node, Mapping):
+        if isinstance(node.get("image"), str) and "name" in node:
+            yield node["image"]
+        for v in node.values():
+            yield from _container_images(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _container_images(v)
+
+
+def toolkit_versions(ctx: Context) -> list[tuple[str, str]]:
+    """(where, version or tag) for every source of a toolkit version: the environment file (defaults, and any pool or
+    host that sets one), the resolved nodes, the stack's operator values, the GPU Operator releases in the plan (their
+    toolkit.version, or the chart's default where the toolkit operand runs) and every toolkit image the plan sets."""
+    out: list[tuple[str, str]] = [(w, str(v)) for w, v in _fields_named(ctx.fleet.env.model_dump(), "toolkit_version")]
+    declared = {v for _, v in out}
+    for node in ctx.fleet.nodes:
+        if node.toolkit_version and node.toolkit_version not in declared:
+            out.append((f"pool {node.pool}, host {node.name}", node.toolkit_version))
+    site = (_site_operator_values(ctx).get("toolkit") or {})
+    if isinstance(site, Mapping) and site.get("version") is not None:
+        out.append((f"{OPERATOR_VALUES_KEY}.toolkit.version", str(site["version"])))
+    chart = gpu_operator_chart_values()["toolkit"]
+    for release, values in _operator_values(ctx):
+        toolkit = values.get("toolkit") or {}
+        if toolkit.get("version") is not None:
+            out.append((f"release {release}, toolkit.version", str(toolkit["version"])))
+        elif toolkit.get("enabled", chart["enabled"]):
+            out.append((f"release {release}, toolkit.version (chart default)", str(chart["version"])))
+    for r in ctx.plan or []:
+        if r.type.endswith("helm.sh/v3:Release"):
+            continue
+        for image in _container_images(r.inputs):
+            if TOOLKIT_IMAGE in image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]:
+                out.append((f"{r.type.rsplit(':', 1)[-1]} {r.name}, image {image}", image_tag(image)))
+    return out
 
 
 @rule("toolkit-cve-floor", "mandatory",
-      "The NVIDIA Container Toolkit version is at or above the CVE floor.",
-      "raise defaults.toolkit_version to the floor in policies/guardrails.yaml or newer")
+      "Every NVIDIA Container Toolkit version the environment, the stack or the plan sets (defaults, pools, hosts, "
+      "GPU Operator values, toolkit images) is at or above the CVE floor.",
+      "raise the named version (defaults.toolkit_version, the operator's toolkit.version, the image tag) to the floor "
+      "in policies/guardrails.yaml or newer")
 def _toolkit_floor(ctx: Context) -> Iterator[Finding]:
-    versions = {n.toolkit_version for n in ctx.fleet.nodes if n.managed_by == "ansible"}
-    versions.add(ctx.fleet.env.defaults.toolkit_version)
     floor = ctx.guardrails.toolkit.min_version
-    for version in sorted(versions):
-        if version_tuple(version) < version_tuple(floor):
+    seen: set[str] = set()
+    for where, text in toolkit_versions(ctx):
+        if where in seen:
+            continue
+        seen.add(where)
+        version = toolkit_version_of(text)
+        if version is None:
+            yield where, f"toolkit {text or '(no tag)'} names no version, so the floor {floor} cannot be shown"
+        elif version_tuple(version) < version_tuple(floor):
             cves = ", ".join(f"{f.cve} (fixed in {f.fixed_in})" for f in ctx.guardrails.toolkit.unfixed(version))
-            yield "defaults.toolkit_version", f"toolkit {version} is below the floor {floor}; exposed to {cves}"
+            yield where, f"toolkit {text} is below the floor {floor}; exposed to {cves}"
+
+
+def _toml_setting(data: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _hardened_value(want: bool | StartsWith) -> str:
+    return f"a string starting with {want.prefix!r}" if isinstance(want, StartsWith) else str(want).lower()
 
 
 @rule("toolkit-hardened", "mandatory",
-      "The rendered nvidia-container-runtime config.toml carries the hardened settings.",
+      "The rendered nvidia-container-runtime config.toml carries every hardened setting policies/guardrails.yaml "
+      "lists (toolkit.hardened, nested tables by dotted path); a missing setting fails.",
       "render with gpushare's template (templates/nvidia-container-toolkit-config.toml.j2) unchanged")
 def _toolkit_hardened(ctx: Context) -> Iterator[Finding]:
+    where = "nvidia-container-toolkit/config.toml"
     rendered = ctx.rendered
     if rendered is None:
         from gpushare.render import render_fleet
 
         rendered = render_fleet(ctx.fleet).files
-    text = rendered.get("nvidia-container-toolkit/config.toml")
+    text = rendered.get(where)
     if text is None:
-        yield "nvidia-container-toolkit/config.toml", "the toolkit config.toml was not rendered"
+        yield where, "the toolkit config.toml was not rendered"
         return
-    data = tomllib.loads(text)
-    for key, value in ctx.guardrails.toolkit.hardened.items():
-        if data.get(key) != value:
-            yield ("nvidia-container-toolkit/config.toml",
-                   f"{key} is {data.get(key)!r}; it must be {str(value).lower()}")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        yield where, f"the rendered config.toml is not TOML: {exc}"
+        return
+    for key, want in ctx.guardrails.toolkit.hardened.items():
+        present, value = _toml_setting(data, key)
+        if isinstance(want, StartsWith):
+            ok = present and isinstance(value, str) and value.startswith(want.prefix)
+        else:
+            ok = present and isinstance(value, bool) and value is want
+        if not ok:
+            found = f"is {json.dumps(value)}" if present else "is missing"
+            yield where, f"{key} {found}; it must be {_hardened_value(want)}"
+
+
+# The env the GPU Operator's device-plugin DaemonSet starts from (gpu-operator assets/state-device-plugin/
+# 0500_daemonset.yaml @ a22dbf6). Note DEVICE_LIST_STRATEGY=envvar: only CDI or devicePlugin.env replaces it.
+DEVICE_PLUGIN_ASSET_ENV = {
+    "PASS_DEVICE_SPECS": "true",
+    "FAIL_ON_INIT_ERROR": "true",
+    "DEVICE_LIST_STRATEGY": "envvar",
+    "DEVICE_ID_STRATEGY": "uuid",
+    "NVIDIA_VISIBLE_DEVICES": "all",
+    "NVIDIA_DRIVER_CAPABILITIES": "all",
+    "MPS_ROOT": "/run/nvidia/mps",
+}
+# What the operator sets with cdi.enabled (controllers/object_controls.go transformDevicePluginCtrForCDI @ a22dbf6).
+OPERATOR_CDI_DEVICE_LIST = "cdi-annotations,cdi-cri"
+DEVICE_LIST_ENV = "DEVICE_LIST_STRATEGY"
+DEVICE_LIST_FLAG = "device-list-strategy"
+# Strategies under which a container's NVIDIA_VISIBLE_DEVICES cannot widen what the plugin allocated.
+SAFE_DEVICE_LIST_STRATEGIES = ("cdi-annotations", "cdi-cri", "volume-mounts")
+
+
+def effective_device_plugin_env(values: Mapping[str, Any]) -> dict[str, str]:
+    """The device plugin container's env the way the GPU Operator builds it: the asset's env, then MIG_STRATEGY from
+    mig.strategy, then the CDI settings when cdi.enabled, then devicePlugin.env, which wins."""
+    chart = gpu_operator_chart_values()
+    env = dict(DEVICE_PLUGIN_ASSET_ENV)
+    strategy = (values.get("mig") or {}).get("strategy", chart["mig"]["strategy"])
+    if strategy:
+        env["MIG_STRATEGY"] = str(strategy)
+    if (values.get("cdi") or {}).get("enabled", chart["cdi"]["enabled"]):
+        env[DEVICE_LIST_ENV] = OPERATOR_CDI_DEVICE_LIST
+    for item in (values.get("devicePlugin") or {}).get("env") or []:
+        env[str(item["name"])] = str(item.get("value", ""))
+    return env
+
+
+def device_list_strategies(value: Any) -> list[str]:
+    """A strategy setting in any form the plugin takes (a string, a comma list with spaces, a YAML list), normalised."""
+    items = value if isinstance(value, list | tuple) else [value]
+    return [s.strip().lower() for item in items for s in str(item).split(",") if s.strip()]
+
+
+def device_list_from_args(args: Iterable[Any]) -> list[str] | None:
+    """--device-list-strategy from the plugin's args in every spelling its flag parser takes (-x or --x, =value or the
+    value as the next item, one item holding both); a repeated flag adds up. None when the args do not set it."""
+    tokens = [token for arg in args for token in str(arg).split()]
+    found: list[str] | None = None
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        flag, eq, value = token.lstrip("-").partition("=")
+        if token.startswith("-") and flag.lower() == DEVICE_LIST_FLAG:
+            if not eq:
+                value = tokens[i + 1] if i + 1 < len(tokens) else ""
+                i += 1
+            found = (found or []) + device_list_strategies(value)
+        i += 1
+    return found
 
 
 def effective_device_list_strategy(config: Mapping[str, Any], operator_values: Mapping[str, Any] | None
                                    ) -> list[str]:
-    """What the device plugin really uses: the GPU Operator's env vars override the config file, and
-    devicePlugin.env is applied last (DESIGN: facts that bite)."""
-    strategy = config.get("flags", {}).get("plugin", {}).get("deviceListStrategy", "envvar")
-    result = [strategy] if isinstance(strategy, str) else list(strategy)
+    """What the device plugin really uses. Its flags override its config file, and under the GPU Operator the
+    DEVICE_LIST_STRATEGY env is always set (envvar, CDI's pair, or devicePlugin.env's value, which wins); args given
+    in devicePlugin.args beat the env (DESIGN: facts that bite)."""
+    flags = (config.get("flags") or {}).get("plugin") or {}
+    result = device_list_strategies(flags.get("deviceListStrategy", "envvar"))
     if operator_values is not None:
-        if operator_values.get("cdi", {}).get("enabled", True):
-            result = ["cdi-annotations", "cdi-cri"]
-        for item in operator_values.get("devicePlugin", {}).get("env", []) or []:
-            if item.get("name") == "DEVICE_LIST_STRATEGY":
-                result = [s.strip() for s in str(item.get("value", "")).split(",") if s.strip()]
+        result = device_list_strategies(effective_device_plugin_env(operator_values)[DEVICE_LIST_ENV])
+        from_args = device_list_from_args((operator_values.get("devicePlugin") or {}).get("args") or [])
+        if from_args is not None:
+            result = from_args
     return result
 
 
@@ -271,20 +555,52 @@ def _operator_values(ctx: Context) -> list[tuple[str, Mapping[str, Any]]]:
     return out
 
 
+def _unsafe_strategy(effective: list[str]) -> str | None:
+    if not effective:
+        return "the effective deviceListStrategy is empty"
+    unsafe = [s for s in effective if s not in SAFE_DEVICE_LIST_STRATEGIES]
+    if unsafe:
+        return (f"the effective deviceListStrategy is {','.join(effective)}; only "
+                f"{', '.join(SAFE_DEVICE_LIST_STRATEGIES)} keep NVIDIA_VISIBLE_DEVICES from reaching other GPUs")
+    return None
+
+
 @rule("device-list-strategy-not-envvar", "mandatory",
-      "The device plugin's effective device list strategy (after the GPU Operator's env overrides) is CDI or "
-      "volume-mounts, never envvar: with envvar a container that sets NVIDIA_VISIBLE_DEVICES reaches GPUs it "
-      "was not allocated.",
-      "enable CDI in the cluster (cdi: true) or remove an envvar DEVICE_LIST_STRATEGY from devicePlugin.env")
+      "The device plugin's effective device list strategy (its config file, then the GPU Operator's env, "
+      "devicePlugin.env and devicePlugin.args, in every spelling) is CDI or volume-mounts, never envvar: with envvar a "
+      "container that sets NVIDIA_VISIBLE_DEVICES reaches GPUs it was not allocated.",
+      "enable CDI in the cluster (cdi: true), and set no envvar DEVICE_LIST_STRATEGY in devicePlugin.env nor "
+      "--device-list-strategy in devicePlugin.args")
 def _device_list(ctx: Context) -> Iterator[Finding]:
-    releases = _operator_values(ctx) if ctx.plan is not None else []
     for name, cfg in sorted(ctx.fleet.device_plugin_configs.items()):
-        candidates: list[tuple[str, Mapping[str, Any] | None]] = [(f"config {name}", None)]
-        candidates += [(f"config {name} under release {rel}", values) for rel, values in releases]
-        for where, values in candidates:
-            effective = effective_device_list_strategy(cfg.content, values)
-            if "envvar" in effective:
-                yield where, f"effective deviceListStrategy is {','.join(effective)}"
+        problem = _unsafe_strategy(effective_device_list_strategy(cfg.content, None))
+        if problem:
+            yield f"config {name}", problem
+    values_by_source = [(f"release {rel}", values) for rel, values in _operator_values(ctx)]
+    site = _site_operator_values(ctx)
+    if site.get("devicePlugin") or site.get("cdi"):
+        values_by_source.append((OPERATOR_VALUES_KEY, site))
+    for where, values in values_by_source:
+        plugin = values.get("devicePlugin") or {}
+        if where == OPERATOR_VALUES_KEY:
+            # The site's additions alone: judged for what they say, not with the defaults they would merge into.
+            said = [device_list_strategies(e.get("value", "")) for e in plugin.get("env") or []
+                    if str(e.get("name", "")).upper() == DEVICE_LIST_ENV]
+            from_args = device_list_from_args(plugin.get("args") or [])
+            for effective in [*said, *([from_args] if from_args is not None else [])]:
+                problem = _unsafe_strategy(effective)
+                if problem:
+                    yield where, problem.replace("the effective", "the site's")
+            continue
+        problem = _unsafe_strategy(effective_device_list_strategy({}, values))
+        if problem:
+            yield where, problem
+        for item in plugin.get("env") or []:
+            spelt = str(item.get("name", ""))
+            if spelt != DEVICE_LIST_ENV and spelt.upper().replace("-", "_") == DEVICE_LIST_ENV:
+                yield (f"{where}, devicePlugin.env {spelt}",
+                       f"devicePlugin.env sets {spelt}={item.get('value', '')!r}, a spelling of {DEVICE_LIST_ENV} the "
+                       "plugin does not read: remove it so the setting that applies is the one reviewed")
 
 
 @rule("exact-mig-placements", "mandatory",
@@ -347,6 +663,20 @@ def _queued(ctx: Context) -> Iterator[Finding]:
                        f"LocalQueue of {t.namespace} points at {target!r}, which is not a ClusterQueue in a cohort")
 
 
+@rule("tenant-quota-within-capacity", "mandatory",
+      "Where the environment says so (quota_above_capacity: error), tenants are guaranteed no more of a GPU "
+      "resource than their cluster's pools advertise: a guarantee that cannot be met is not a guarantee.",
+      "lower the tenants' quota to what the pools advertise, or add GPUs; `gpushare plan` shows both")
+def _quota_within_capacity(ctx: Context) -> Iterator[Finding]:
+    if ctx.limits.quota_above_capacity != "error":
+        return  # a warning there: validate and plan print it
+    from gpushare.tenancy import fleet_tenancy
+
+    for ct in fleet_tenancy(ctx.fleet, ctx.guardrails, refuse=False).values():
+        for problem in ct.over_capacity:
+            yield f"{problem.path}", problem.message
+
+
 @rule("tenant-has-quota", "mandatory",
       "Every tenant namespace has a GPU quota.",
       "give the tenant a quota in the environment file")
@@ -392,9 +722,9 @@ def _promotion(ctx: Context) -> Iterator[Finding]:
 class Waiver(Strict):
     rule: str
     environment: str
-    where: str = Field("*", description="Glob over the violation's location, e.g. 'pool h200-*'.")
+    where: str = Field(description="Glob over the one violation location it covers, e.g. 'pool h200-inference'.")
     reason: Annotated[str, Field(min_length=10)]
-    expires: date
+    expires: Annotated[date, Field(strict=False)]  # YAML gives the date as text (gpushare.files)
     approved_by: str | None = None
 
     @field_validator("rule")
@@ -417,15 +747,86 @@ def waivers_path() -> Path:
     return project_root() / "policies" / "waivers.yaml"
 
 
-def load_waivers(path: Path | None = None) -> tuple[list[Waiver], str]:
+def load_waivers(path: Path | None = None, guardrails: Guardrails | None = None) -> tuple[list[Waiver], str]:
+    """The waivers and the file they came from. The default file may be absent; a file named explicitly may not.
+    Every waiver names an environment policies/guardrails.yaml knows (expired or not: a misspelt one waives nothing
+    and would never be reported as expired)."""
+    if path is not None and not path.exists():
+        raise GpushareError(Problem("waivers file not found", file=str(path),
+                                    fix="check the --waivers path, or leave --waivers out to use "
+                                        "policies/waivers.yaml (which may be absent)"), exit_code=2)
     path = path or waivers_path()
     if not path.exists():
         return [], str(path)
-    doc = read_yaml(path)
+    doc = read_yaml(path, "waivers file")
     try:
-        return Waivers.model_validate(doc.data or {}).waivers, doc.file
+        waivers = Waivers.model_validate(doc.data or {}).waivers
     except ValidationError as exc:
         raise GpushareError(validation_problems(exc, doc, Waivers)) from None
+    known = (guardrails or load_guardrails()).environments
+    problems = [doc.problem(("waivers", i, "environment"), f"waiver of {w.rule} names environment "
+                            f"{w.environment!r}, which policies/guardrails.yaml does not know",
+                            f"use one of: {', '.join(known)}")
+                for i, w in enumerate(waivers) if w.environment not in known]
+    if problems:
+        raise GpushareError(problems)
+    return waivers, doc.file
+
+
+# The violations about waivers themselves: (description, remediation).
+WAIVER_RULES: dict[str, tuple[str, str]] = {
+    "waiver-expired": ("A waiver in policies/waivers.yaml has expired.",
+                       "fix what it waived, or renew it with a new reason and expiry after review"),
+    "waiver-refused": ("A waiver in policies/waivers.yaml cannot be accepted: it covers a non-waivable rule, matches "
+                       "more than max_waiver_matches objects (or everything), or expires more than max_waiver_days "
+                       "ahead.", "narrow the waiver to one object and a nearer expiry, or fix what it waives"),
+}
+
+
+def waiver_targets(ctx: Context) -> set[str]:
+    """The locations a waiver's `where` can name: every object of the fleet, as the rules spell locations."""
+    fleet = ctx.fleet
+    out = {f"environment {ctx.name}", "defaults.toolkit_version", "nvidia-container-toolkit/config.toml"}
+    out |= {f"cluster {c}" for c in fleet.clusters}
+    out |= {f"profile {p}" for p in fleet.profiles}
+    out |= {f"config {c}" for c in fleet.device_plugin_configs}
+    for pool in fleet.pools:
+        out.add(f"pool {pool.name}")
+        out |= {f"pool {pool.name}, host {n.name}" for n in pool.nodes}
+    for t in fleet.tenants:
+        out.add(f"tenant {t.name}")
+        out |= {f"tenant {t.name}, cluster {c}" for c in t.clusters}
+        out |= {f"tenant {t.name}, quota {r}" for r in t.quota}
+        out |= {f"tenant {t.name}, borrowing_limit {r}" for r in t.borrowing_limit}
+    return out
+
+
+def _matches_everything(glob: str) -> bool:
+    """A glob with no literal character (`*`, `**`, `[a-z]*`) matches whatever a rule reports."""
+    return not re.sub(r"\[[^]]*\]|[*?]", "", glob).strip()
+
+
+def waiver_refusal(ctx: Context, waiver: Waiver, today: date, targets: set[str]) -> tuple[str, str] | None:
+    """Why a waiver cannot be accepted, with the fix; None when it can."""
+    g = ctx.guardrails
+    if waiver.rule in ctx.limits.non_waivable:
+        return (f"{waiver.rule} cannot be waived in {ctx.name} (policies/guardrails.yaml "
+                f"environments.{ctx.name}.non_waivable)", f"fix what {waiver.rule} reports and remove the waiver")
+    latest = today + timedelta(days=g.max_waiver_days)
+    if waiver.expires > latest:
+        return (f"the waiver of {waiver.rule} expires on {waiver.expires.isoformat()}, more than "
+                f"{g.max_waiver_days} days after {today.isoformat()}",
+                f"set expires to {latest.isoformat()} or earlier, and renew it after review")
+    if _matches_everything(waiver.where):
+        return (f"the waiver of {waiver.rule} has where {waiver.where!r}, which matches everything",
+                "name the one object it covers, e.g. where: 'pool h200-inference'")
+    matched = sorted(t for t in targets if fnmatch.fnmatchcase(t, waiver.where))
+    if len(matched) > g.max_waiver_matches:
+        shown = ", ".join(matched[:5]) + (", ..." if len(matched) > 5 else "")
+        return (f"the waiver of {waiver.rule} has where {waiver.where!r}, which matches {len(matched)} objects "
+                f"({shown}); at most {g.max_waiver_matches} may be waived at once",
+                "narrow where to the one object it covers, or fix the others")
+    return None
 
 
 # ---------------------------------------------------------------- running the rules
@@ -454,32 +855,59 @@ class Report:
 
 def evaluate(ctx: Context, waivers: list[Waiver], today: date, waivers_file: str = "policies/waivers.yaml",
              rules: Iterable[Rule] | None = None) -> Report:
-    report = Report(ctx.fleet.environment)
-    env = ctx.fleet.environment
-    active = [w for w in waivers if w.expires >= today]
-    for i, w in enumerate(waivers):
-        if w.environment == env and w.expires < today:
-            report.violations.append(Violation(
-                "waiver-expired", "mandatory", f"{waivers_file}: waivers[{i}]",
-                f"the waiver of {w.rule} for {w.where} expired on {w.expires.isoformat()}",
-                "fix what it waived, or renew it with a new reason and expiry after review"))
+    env = ctx.name
+    report = Report(env)
+    found: list[Violation] = []
     for r in rules if rules is not None else RULES.values():
         if r.needs_plan and ctx.plan is None:
             report.skipped.append(r.id)
             continue
-        for violation in r.run(ctx):
-            waiver = next((w for w in active if w.covers(env, violation)), None)
-            if waiver is None:
-                report.violations.append(violation)
-            else:
-                report.waived.append((violation, waiver))
+        found.extend(r.run(ctx))
+    targets = waiver_targets(ctx)
+    active: list[Waiver] = []
+    for i, w in enumerate(waivers):
+        if w.environment != env:
+            continue
+        where = f"{waivers_file}: waivers[{i}]"
+        if w.expires < today:
+            description, fix = WAIVER_RULES["waiver-expired"]
+            report.violations.append(Violation(
+                "waiver-expired", "mandatory", where,
+                f"the waiver of {w.rule} for {w.where} expired on {w.expires.isoformat()}", fix))
+            continue
+        refusal = waiver_refusal(ctx, w, today, targets | {v.where for v in found if v.rule == w.rule})
+        if refusal is not None:
+            report.violations.append(Violation("waiver-refused", "mandatory", where, *refusal))
+        else:
+            active.append(w)
+    for violation in found:
+        waiver = next((w for w in active if w.covers(env, violation)), None)
+        if waiver is None:
+            report.violations.append(violation)
+        else:
+            report.waived.append((violation, waiver))
     return report
 
 
+def stack_settings(env: str) -> dict[str, Any] | None:
+    """The config of the Pulumi stack that deploys this environment (Pulumi.<stack>.yaml), where one does."""
+    from gpushare.preview import stack_config
+
+    if not env.endswith((".yaml", ".yml")) and os.sep not in env and not (project_root() / f"Pulumi.{env}.yaml"
+                                                                          ).exists():
+        return None
+    _, config, notes = stack_config(env)
+    return None if notes else config
+
+
 def context_for(env: str, plan: list[PlanResource] | None = None, guardrails: Guardrails | None = None) -> Context:
-    fleet = resolve_env(env)
+    """The rules' input for `--env ENV`: the environment is the one ENV names (its file name), whatever it says."""
+    path = environment_path(env)
+    fleet = resolve(path)
+    named = environment_stem(path)
     g = guardrails or load_guardrails()
-    limits = g.environment(fleet.environment)
+    limits = g.environment(named)
     source = resolve_env(limits.promote_from) if limits.promote_from else None
-    return Context(fleet=fleet, guardrails=g, plan=plan, promotion_source=source)
+    return Context(fleet=fleet, guardrails=g, plan=plan, promotion_source=source, environment=named,
+                   stack_config=stack_settings(env))
 

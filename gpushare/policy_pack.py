@@ -22,7 +22,7 @@ from pulumi_policy import (
 
 from gpushare.errors import GpushareError
 from gpushare.guardrails import load_guardrails
-from gpushare.policies import RULES, Context, PlanResource, Rule, Waiver, evaluate, load_waivers
+from gpushare.policies import RULES, WAIVER_RULES, Context, PlanResource, Rule, Waiver, evaluate, load_waivers
 from gpushare.resolve import project_root, resolve, resolve_env
 
 _STACK_URN = re.compile(r"^urn:pulumi:(?P<stack>[^:]+)::")
@@ -36,14 +36,19 @@ def stack_of(resources: Iterable[PolicyResource]) -> str | None:
     return None
 
 
-def environment_file(stack: str) -> Path:
-    """The environment file a stack names in `gpushare:environment` (Pulumi.<stack>.yaml)."""
-    root = project_root()
-    stack_file = root / f"Pulumi.{stack}.yaml"
+def stack_file_config(stack: str) -> dict[str, Any]:
+    """The config of Pulumi.<stack>.yaml."""
+    stack_file = project_root() / f"Pulumi.{stack}.yaml"
     if not stack_file.exists():
         raise GpushareError(f"no stack file Pulumi.{stack}.yaml for stack {stack!r}", exit_code=2)
     config = (yaml.safe_load(stack_file.read_text()) or {}).get("config", {})
-    env = config.get("gpushare:environment")
+    return config if isinstance(config, dict) else {}
+
+
+def environment_file(stack: str) -> Path:
+    """The environment file a stack names in `gpushare:environment` (Pulumi.<stack>.yaml)."""
+    root = project_root()
+    env = stack_file_config(stack).get("gpushare:environment")
     if not env:
         raise GpushareError(f"Pulumi.{stack}.yaml does not set gpushare:environment", exit_code=2)
     path = Path(env)
@@ -63,32 +68,35 @@ def plan_from_stack(resources: Iterable[PolicyResource]) -> list[PlanResource]:
 
 
 def context_from_stack(args: StackValidationArgs) -> Context:
+    """The rules' input for a stack. The stack's own name (from the URNs the engine gives every resource) decides
+    whose limits apply; the environment file it loads must be that environment (rule environment-identity).
+    The policy config's `environment` replaces the stack file's gpushare:environment (tests)."""
     config = args.get_config()
     env_path = config.get("environment")
-    if env_path:
-        fleet = resolve(Path(env_path))
-    else:
-        stack = stack_of(args.resources)
-        if stack is None:
-            raise GpushareError("cannot tell the stack from the resources' URNs", exit_code=2)
-        fleet = resolve(environment_file(stack))
+    stack = stack_of(args.resources)
+    if stack is None:
+        raise GpushareError("cannot tell the stack from the resources' URNs", exit_code=2)
+    has_file = (project_root() / f"Pulumi.{stack}.yaml").exists()
+    fleet = resolve(Path(env_path) if env_path else environment_file(stack))
     guardrails = load_guardrails()
-    limits = guardrails.environment(fleet.environment)
+    limits = guardrails.environment(stack)
     source = resolve_env(limits.promote_from) if limits.promote_from else None
-    return Context(fleet=fleet, guardrails=guardrails, plan=plan_from_stack(args.resources), promotion_source=source)
+    return Context(fleet=fleet, guardrails=guardrails, plan=plan_from_stack(args.resources), promotion_source=source,
+                   environment=stack, stack_config=stack_file_config(stack) if has_file else None)
 
 
-def _validator(rule: Rule | None, waivers: Callable[[], list[Waiver]], today: Callable[[], date]
-               ) -> Callable[[StackValidationArgs, ReportViolation], None]:
+def _validator(rule: Rule | None, waivers: Callable[[], list[Waiver]], today: Callable[[], date],
+               waiver_rule: str = "") -> Callable[[StackValidationArgs, ReportViolation], None]:
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
         try:
             ctx = context_from_stack(args)
         except GpushareError as err:
             report_violation(f"gpushare cannot evaluate this stack: {err}", None)
             return
-        report = evaluate(ctx, waivers(), today(), rules=[rule] if rule is not None else [])
+        # A waiver policy runs every rule too: whether a waiver is refused depends on what its rule reports.
+        report = evaluate(ctx, waivers(), today(), rules=[rule] if rule is not None else None)
         for v in report.violations:
-            if rule is None or v.rule == rule.id:
+            if v.rule == (rule.id if rule is not None else waiver_rule):
                 report_violation(f"{v.where}: {v.message} (fix: {v.fix})", None)
 
     return validate
@@ -96,7 +104,7 @@ def _validator(rule: Rule | None, waivers: Callable[[], list[Waiver]], today: Ca
 
 def policies(waivers: Callable[[], list[Waiver]] | None = None, today: Callable[[], date] = date.today
              ) -> list[StackValidationPolicy]:
-    """One stack policy per guardrail rule, plus one for expired waivers."""
+    """One stack policy per guardrail rule, plus one each for expired and refused waivers."""
     load = waivers or (lambda: load_waivers()[0])
     out = [
         StackValidationPolicy(
@@ -106,11 +114,10 @@ def policies(waivers: Callable[[], list[Waiver]] | None = None, today: Callable[
         )
         for r in RULES.values()
     ]
-    out.append(StackValidationPolicy(
-        name="waiver-expired", description="A waiver in policies/waivers.yaml has expired.",
-        validate=_validator(None, load, today), enforcement_level=EnforcementLevel.MANDATORY,
-        remediation_steps="fix what it waived, or renew it with a new reason and expiry after review",
-    ))
+    out += [StackValidationPolicy(name=name, description=description,
+                                  validate=_validator(None, load, today, name),
+                                  enforcement_level=EnforcementLevel.MANDATORY, remediation_steps=fix)
+            for name, (description, fix) in WAIVER_RULES.items()]
     return out
 
 

@@ -7,6 +7,7 @@ resources against the CRDs in gpushare/data), and the objects written as YAML fo
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -141,12 +142,9 @@ def stack_config(env: str) -> tuple[str, dict[str, Any], list[str]]:
 
 
 def _read_stack(path: Path) -> tuple[str, dict[str, Any], list[str]]:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise GpushareError(Problem("file not found", file=str(path)), exit_code=2) from None
-    except yaml.YAMLError as exc:
-        raise GpushareError(Problem(f"not valid YAML: {exc}", file=str(path)), exit_code=2) from None
+    from gpushare.files import load_yaml_file
+
+    data = load_yaml_file(path, "stack file")[1] or {}
     config = data.get("config") if isinstance(data, dict) else None
     if not isinstance(config, dict):
         raise GpushareError(Problem("a stack file needs a config: mapping", file=str(path),
@@ -477,10 +475,19 @@ def to_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=120, default_flow_style=False)
 
 
+def _move_into(source: Path, target: Path) -> None:
+    for child in source.iterdir():
+        child.rename(target / child.name)
+
+
 def write_manifests(plan: Plan, objects: list[KubernetesObject], out: Path) -> list[Path]:
     """Replace DIR/manifests (every Kubernetes object) and DIR/helm-values (each release's values) as a whole;
     anything else in DIR (such as `gpushare render` output) stays."""
+    from gpushare.files import complete_swap, replace_dir
     from gpushare.render import MARKER as RENDER_MARKER
+
+    for part in ("manifests", "helm-values"):
+        complete_swap(out / part)
 
     if out.exists() and not out.is_dir():
         raise GpushareError(Problem(f"{out} is not a directory", fix="choose a directory"), exit_code=2)
@@ -508,10 +515,9 @@ def write_manifests(plan: Plan, objects: list[KubernetesObject], out: Path) -> l
                               + to_yaml(r.inputs.get("values", {})))
             written.append(out / "helm-values" / rel)
         for part in ("manifests", "helm-values"):
-            if (out / part).exists():
-                shutil.rmtree(out / part)
-            if (tmp / part).exists():
-                (tmp / part).rename(out / part)
+            # Each part takes its old place in one step (gpushare.files); a part with nothing in it goes.
+            (tmp / part).mkdir(exist_ok=True)
+            replace_dir(functools.partial(_move_into, tmp / part), out / part)
         (out / MARKER).write_text("manifests/ and helm-values/ are replaced by each `gpushare preview`\n")
         if fresh:
             # A directory gpushare created: `gpushare render` may replace it too.

@@ -97,6 +97,13 @@ def check_promotion(guardrails: Guardrails, source: str, target: str) -> None:
         raise GpushareError(Problem(f"no environment {target!r} in the guardrails", file=file,
                                     path=f"environments.{target}",
                                     fix=f"use one of: {', '.join(guardrails.environments)}"), exit_code=2)
+    if source == target:
+        raise GpushareError(Problem(f"--from and --to both name {target}", fix="promote from one environment to "
+                                    "another, e.g. --from pilot --to prod"), exit_code=2)
+    if source not in guardrails.environments:
+        raise GpushareError(Problem(f"no environment {source!r} in the guardrails", file=file,
+                                    path=f"environments.{source}",
+                                    fix=f"use one of: {', '.join(guardrails.environments)}"), exit_code=2)
     declared = guardrails.environments[target].promote_from
     if declared != source:
         sources = [t for t, g in guardrails.environments.items() if g.promote_from == source]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import tomllib
 from dataclasses import asdict, dataclass, field
 from functools import cache
@@ -152,24 +150,26 @@ def render_fleet(fleet: ResolvedFleet) -> Rendered:
 
 
 def write_rendered(rendered: Rendered, out: Path) -> list[Path]:
-    """Write everything or nothing: files go to a temporary directory that then replaces `out`."""
+    """Write everything or nothing: the files go into a directory beside `out` that then takes its place in one
+    step, so `out` holds the whole old or the whole new output at every instant."""
+    from gpushare.files import complete_swap, replace_dir
+
+    complete_swap(out)
+    if out.exists() and not out.is_dir():
+        raise GpushareError(Problem(f"{out} is a file, not a directory", fix="name a new or gpushare-written "
+                                    "directory"), exit_code=2)
     if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
         raise GpushareError(Problem(f"{out} exists and was not written by `gpushare render`",
                                     fix="choose an empty or new directory"), exit_code=2)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         for rel, text in rendered.files.items():
             target = tmp / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
         (tmp / MARKER).write_text("written by gpushare render; the whole directory is replaced on each run\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    replace_dir(fill, out)
     return [out / rel for rel in rendered.files]
 
 

@@ -124,6 +124,7 @@ class ResolvedTenant:
     clusters: list[str]
     quota: dict[str, int]
     borrowing_limit: dict[str, int]
+    pod_security: str  # the Pod Security level enforced on the tenant's namespace
 
 
 @dataclass
@@ -565,7 +566,8 @@ class _Resolver:
                              f"tenant {t.name!r} may borrow {resource} but has no quota on it",
                              "add the resource to quota (0 is allowed) or remove the borrowing limit")
             out.append(ResolvedTenant(name=t.name, namespace=t.namespace, trust=t.trust, priority=t.priority,
-                                      clusters=used, quota=dict(t.quota), borrowing_limit=dict(t.borrowing_limit)))
+                                      clusters=used, quota=dict(t.quota), borrowing_limit=dict(t.borrowing_limit),
+                                      pod_security=t.pod_security_level))
         return out
 
 
@@ -716,7 +718,18 @@ def _check_profile_models(profiles: dict[str, tuple[Any, spec.Located]]) -> None
 def resolve(env_file: Path, profiles_dir: Path | None = None) -> ResolvedFleet:
     env, doc = spec.load_environment(env_file)
     profiles = load_profiles(profiles_dir or default_profiles_dir(env_file), env, doc)
-    return _Resolver(env, doc, profiles).run(env_file)
+    resolver = _Resolver(env, doc, profiles)
+    stem = environment_stem(env_file)
+    if env.name != stem:
+        # Guardrail limits follow the environment the CLI or the stack names (the file), never `name:` alone.
+        resolver.err(("name",), f"environment name {env.name!r} differs from its file name {env_file.name!r}",
+                     f"rename the file to {env.name}.yaml or set name: {stem}")
+    return resolver.run(env_file)
+
+
+def environment_stem(env_file: Path) -> str:
+    """The environment a file is, by its name: `environments/prod.yaml` is prod, whatever it says inside."""
+    return env_file.name.removesuffix(".yaml").removesuffix(".yml")
 
 
 def resolve_env(env: str, profiles_dir: Path | None = None) -> ResolvedFleet:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpushare.errors import GpushareError, Problem
+from gpushare.files import read_text
 from gpushare.resolve import ResolvedFleet, default_profiles_dir, project_root
 
 DEFAULT_BATCHES = "1,50%,100%"
@@ -200,7 +201,7 @@ class Journal:
         if not self.path.exists():
             return []
         out = []
-        lines = self.path.read_text().splitlines()
+        lines = read_text(self.path, "journal").splitlines()
         for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue

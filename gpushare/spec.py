@@ -4,23 +4,30 @@ errors that name the file, the line, the field and the fix."""
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     TypeAdapter,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, core_schema
 
 from gpushare.errors import GpushareError, Problem
+from gpushare.files import load_yaml_file
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Label values are at most 63 characters; config names are built from a profile name, a GPU slug and a hash.
@@ -28,7 +35,17 @@ PROFILE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,28}[a-z0-9])?$"
 VERSION_PATTERN = r"^\d+\.\d+(\.\d+)?$"
 RESOURCE_PATTERN = r"^[a-z0-9.-]+/[a-zA-Z0-9._-]+$"
 
-DnsName = Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]
+KUBERNETES_MINOR_PATTERN = r"^1\.\d{2}$"
+MIN_KUBERNETES_MINOR = (1, 30)
+# Namespaces that run the cluster or GPU infrastructure: never a tenant's (the Pulumi program adds the ones its
+# stack config names). Every kube-* namespace belongs to Kubernetes itself.
+SYSTEM_NAMESPACES = ("default", "gpu-operator", "kueue-system", "monitoring", "kube-system", "kube-public",
+                     "kube-node-lease")
+SYSTEM_NAMESPACE_PREFIX = "kube-"
+
+
+def is_system_namespace(namespace: str, extra: tuple[str, ...] = ()) -> bool:
+    return namespace.startswith(SYSTEM_NAMESPACE_PREFIX) or namespace in SYSTEM_NAMESPACES or namespace in extra
 
 
 def invalid(message: str, fix: str) -> PydanticCustomError:
@@ -37,7 +54,135 @@ def invalid(message: str, fix: str) -> PydanticCustomError:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML's `true` is not a count and '4' is not a number, as the JSON Schema says.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# ---------------------------------------------------------------- strings that reach Ansible, Jinja2 and shells
+# Environment files are data, never templates or shell (safety rule 12): every string matches the narrowest pattern
+# its domain allows, so none can carry `{{ }}`, `{% %}`, `$( )` or backticks into Ansible, Jinja2 or a command line.
+
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+LABEL_KEY_PATTERN = rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_LABEL_NAME}$"
+LABEL_VALUE_PATTERN = rf"^({_LABEL_NAME})?$"
+# kubectl's context names: GKE writes gke_<project>_<location>_<cluster>, EKS an ARN (arn:aws:eks:...:cluster/x).
+KUBECONFIG_CONTEXT_PATTERN = r"^[A-Za-z0-9._@:/-]+$"
+CLOUD_LOCATION_PATTERN = rf"^{_DNS_LABEL}$"
+MACHINE_TYPE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+GPU_MODEL_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9 _.+()]*[A-Za-z0-9)])?$"
+LAYOUT_TEXT_PATTERN = r"^[A-Za-z0-9.+=,@ ]*$"
+# What starts template code in Jinja2 (and so in Ansible) or a command substitution in a shell.
+TEMPLATE_OR_SHELL_MARKERS = ("{{", "{%", "{#", "$(", "`")
+DESCRIPTION_MAX_LENGTH = 2000
+HOSTNAME_MAX_LENGTH = 253
+
+
+def _refused(value: str, message: str, fix: str, **context: str) -> PydanticCustomError:
+    """A refusal that quotes the value (shortened) without reading its braces as a message template."""
+    shown = value if len(value) <= 80 else value[:77] + "..."
+    return PydanticCustomError("gpushare", "{value} " + message, {"value": repr(shown), "fix": fix, **context})
+
+
+@dataclass(frozen=True)
+class TextRule:
+    """A pattern a string field must match, with the error's wording; the JSON schema carries the pattern too."""
+
+    pattern: str
+    what: str
+    fix: str
+    max_length: int = 63
+
+    def check(self, value: str) -> str:
+        if len(value) > self.max_length or re.fullmatch(self.pattern, value) is None:
+            raise _refused(value, f"is not {self.what} (at most {self.max_length} characters)", self.fix)
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return {**handler(schema), "pattern": self.pattern, "maxLength": self.max_length}
+
+
+LabelKey = Annotated[str, TextRule(
+    LABEL_KEY_PATTERN, "a Kubernetes label key", "write [prefix/]name: an optional lowercase DNS prefix, then letters, "
+    "digits, '-', '_' or '.' starting and ending alphanumeric", max_length=HOSTNAME_MAX_LENGTH + 64)]
+LabelValue = Annotated[str, TextRule(
+    LABEL_VALUE_PATTERN, "a Kubernetes label value", "use letters, digits, '-', '_' and '.', starting and ending with "
+    "a letter or digit (or leave it empty)")]
+KubeconfigContext = Annotated[str, TextRule(
+    KUBECONFIG_CONTEXT_PATTERN, "a kubeconfig context name", "use the name `kubectl config get-contexts` shows: "
+    "letters, digits and . _ @ : / - (no spaces, quotes, braces, '$' or backticks)", max_length=HOSTNAME_MAX_LENGTH)]
+CloudLocation = Annotated[str, TextRule(
+    CLOUD_LOCATION_PATTERN, "a cloud region or zone", "use the cloud's own name, e.g. europe-west4, europe-west4-a "
+    "or eu-west-1a")]
+MachineType = Annotated[str, TextRule(
+    MACHINE_TYPE_PATTERN, "a cloud machine type", "use the cloud's own name, e.g. g2-standard-24 or p5.48xlarge")]
+GpuModelName = Annotated[str, TextRule(
+    GPU_MODEL_PATTERN, "a GPU model name", "use the NVML product name, an alias or the PCI id that "
+    "`gpushare gpu list` shows, e.g. NVIDIA A100-SXM4-80GB", max_length=96)]
+LayoutText = Annotated[str, TextRule(
+    LAYOUT_TEXT_PATTERN, "a MIG layout", "write MIG profiles with counts, e.g. '1g.10gb=2,2g.20gb=1,3g.40gb=1'",
+    max_length=512)]
+ProfileName = Annotated[str, TextRule(
+    PROFILE_NAME_PATTERN, "a sharing profile name", "name a profile from profiles/ or this file's profiles: "
+    "lowercase letters, digits and '-'", max_length=30)]
+DnsName = Annotated[str, TextRule(
+    NAME_PATTERN, "a DNS label", "use lowercase letters, digits and '-', starting and ending with a letter or digit")]
+ClusterName = Annotated[str, TextRule(
+    NAME_PATTERN, "a cluster name", "name one of the environment's clusters: lowercase letters, digits and '-'")]
+ResourceName = Annotated[str, TextRule(
+    RESOURCE_PATTERN, "an advertised GPU resource name", "write <domain>/<name>, e.g. nvidia.com/mig-1g.10gb",
+    max_length=HOSTNAME_MAX_LENGTH + 64)]
+
+
+def _description(value: str) -> str:
+    for marker in TEMPLATE_OR_SHELL_MARKERS:
+        if marker in value:
+            raise _refused(value, "holds {marker}, which starts template code in Jinja2 or a command in a shell",
+                           "reword it without '{{', '{%', '{#', '$(' or backticks: gpushare passes environment "
+                           "strings to Ansible and Jinja2 as data, and refuses anything that could run as code there",
+                           marker=repr(marker))
+    if len(value) > DESCRIPTION_MAX_LENGTH:
+        raise _refused(value, f"is longer than {DESCRIPTION_MAX_LENGTH} characters", "shorten it")
+    if not all(ch.isprintable() or ch in "\n\t" for ch in value):
+        raise _refused(value, "holds control characters", "keep to printable text, newlines and tabs")
+    return value
+
+
+Description = Annotated[str, AfterValidator(_description), WithJsonSchema(
+    {"type": "string", "maxLength": DESCRIPTION_MAX_LENGTH, "not": {"pattern": r"\{\{|\{%|\{#|\$\(|`"}})]
+
+
+def _address(value: str) -> str:
+    """An IP address (v4, or v6 with at most an interface scope) or an RFC 1123 hostname in lowercase."""
+    fix = "write an IPv4 or IPv6 address (e.g. 10.40.1.11) or a lowercase DNS hostname (e.g. gpu-01.example.net)"
+    address, _, scope = value.partition("%")
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        pass
+    else:
+        if not scope or (":" in address and re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", scope)):
+            return value
+        raise _refused(value, "has a scope that is not an interface name", fix)
+    labels = value.split(".")
+    if all(label.isdigit() for label in labels):
+        raise _refused(value, "is not an IP address (four parts of 0-255, no leading zeros)", fix)
+    if len(value) > HOSTNAME_MAX_LENGTH or not all(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", label)
+                                                   for label in labels):
+        raise _refused(value, "is neither an IP address nor an RFC 1123 hostname (labels of 1-63 lowercase "
+                       "letters, digits and '-', not starting or ending with '-'; 253 characters at most)", fix)
+    if labels[-1].isdigit():
+        raise _refused(value, "ends in a number, so it reads as a broken IP address rather than a hostname", fix)
+    return value
+
+
+Address = Annotated[str, AfterValidator(_address), WithJsonSchema(
+    {"type": "string", "anyOf": [{"format": "ipv4"}, {"format": "ipv6"}, {"format": "hostname"}],
+     "pattern": r"^[A-Za-z0-9.:%_-]+$", "maxLength": HOSTNAME_MAX_LENGTH})]
 
 
 # ---------------------------------------------------------------- sharing profiles
@@ -67,7 +212,7 @@ class MigSpec(Strict):
         description="A layout that resolves per GPU model: balanced (one 3g, one 2g, 1g to fill, as NVIDIA's "
         "all-balanced), all-smallest (the most 1g instances), whole (one full-GPU instance).",
     )
-    layouts: dict[str, str] | None = Field(
+    layouts: dict[GpuModelName, LayoutText] | None = Field(
         None,
         description="Explicit layouts keyed by GPU model (NVML name, alias or PCI id), as "
         "'1g.10gb=2,2g.20gb=1,3g.40gb=1'. Multisets only: mig-parted cannot place at chosen starts.",
@@ -91,7 +236,7 @@ class MigSpec(Strict):
 
 class _ProfileBase(Strict):
     name: Annotated[str, Field(pattern=PROFILE_NAME_PATTERN)]
-    description: str = ""
+    description: Description = ""
 
 
 class ExclusiveProfile(_ProfileBase):
@@ -164,34 +309,49 @@ class Cluster(Strict):
         "mixed", description="GPU Operator mig.strategy: cluster-wide; mixed advertises nvidia.com/mig-<profile>."
     )
     cdi: bool = Field(True, description="GPU Operator cdi.enabled; the device plugin then uses CDI device lists.")
-    kubeconfig_context: str | None = None
-    region: str | None = None
+    kubernetes_version: Annotated[str, Field(pattern=KUBERNETES_MINOR_PATTERN)] = Field(
+        description="The cluster's Kubernetes minor, as \"1.NN\" (1.30 or later: ValidatingAdmissionPolicy v1 is GA "
+        "there); tenant namespaces pin their Pod Security version to it."
+    )
+    kubeconfig_context: KubeconfigContext | None = None
+    region: CloudLocation | None = None
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _admission_policies_are_ga(cls, version: str) -> str:
+        if version_tuple(version) < MIN_KUBERNETES_MINOR:
+            minimum = ".".join(str(p) for p in MIN_KUBERNETES_MINOR)
+            raise invalid(f"Kubernetes {version} is older than {minimum}, where ValidatingAdmissionPolicy v1 (which "
+                          "guards tenant namespaces) became GA", f"upgrade the cluster to {minimum} or later and "
+                          "set kubernetes_version to its minor")
+        return version
 
 
 class Taint(Strict):
-    key: Annotated[str, Field(pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$")]
-    value: str = ""
+    key: LabelKey
+    value: LabelValue = ""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
 class Host(Strict):
     name: DnsName
-    address: str = Field(description="Management address Ansible connects to.")
-    gpu_model: str | None = Field(None, description="NVML product name, alias or PCI id; defaults to the pool's.")
+    address: Address = Field(description="Management address Ansible connects to: an IP address or a hostname.")
+    gpu_model: GpuModelName | None = Field(
+        None, description="NVML product name, alias or PCI id; defaults to the pool's.")
     gpu_count: int = Field(ge=1, le=16)
     driver_branch: int | None = Field(None, ge=450, le=999)
-    profile: str | None = Field(None, description="Overrides the pool's sharing profile on this host.")
+    profile: ProfileName | None = Field(None, description="Overrides the pool's sharing profile on this host.")
     nvswitch: bool = Field(False, description="HGX system with NVSwitch: needs nvidia-fabricmanager.")
     containerd_version: Annotated[str, Field(pattern=VERSION_PATTERN)] | None = None
 
 
 class CloudNodes(Strict):
-    machine_type: str
+    machine_type: MachineType
     gpus_per_node: int = Field(ge=1, le=16)
     node_count: int = Field(ge=0, le=1000)
     min_node_count: int | None = Field(None, ge=0)
     max_node_count: int | None = Field(None, ge=0)
-    zones: list[str] = Field(default_factory=list)
+    zones: list[CloudLocation] = Field(default_factory=list)
     sharing: Literal["gke-managed", "operator"] = Field(
         "operator",
         description="gke-managed: GKE's own device plugin (gpu_sharing_config / gpu_partition_size); "
@@ -209,12 +369,12 @@ class CloudNodes(Strict):
 
 class Pool(Strict):
     name: DnsName
-    cluster: str
+    cluster: ClusterName
     purpose: Literal["inference", "training", "development", "batch"]
-    gpu_model: str | None = None
-    profile: str
-    description: str = ""
-    labels: dict[str, str] = Field(default_factory=dict)
+    gpu_model: GpuModelName | None = None
+    profile: ProfileName
+    description: Description = ""
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     taints: list[Taint] = Field(default_factory=list)
     hosts: list[Host] = Field(default_factory=list)
     cloud: CloudNodes | None = None
@@ -250,18 +410,46 @@ class Tenant(Strict):
         description="untrusted tenants get only hardware-isolated GPUs (MIG instances or whole GPUs)."
     )
     priority: Literal["online", "batch"] = Field(description="Default priority class for the tenant's work.")
-    clusters: list[str] | None = Field(None, description="Clusters the tenant uses; all when absent.")
-    quota: dict[Annotated[str, Field(pattern=RESOURCE_PATTERN)], Annotated[int, Field(ge=0)]] = Field(
+    clusters: list[ClusterName] | None = Field(None, description="Clusters the tenant uses; all when absent.")
+    quota: dict[ResourceName, Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict, description="GPU resources the tenant is guaranteed, by advertised resource name."
     )
-    borrowing_limit: dict[str, Annotated[int, Field(ge=0)]] = Field(
+    borrowing_limit: dict[ResourceName, Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict, description="Extra resources the tenant may borrow from idle quota in its cohort."
     )
+    pod_security: Literal["restricted", "baseline"] | None = Field(
+        None, description="Pod Security Standard enforced on the tenant's namespace: restricted by default for "
+        "untrusted tenants (and never less), baseline by default for trusted ones; privileged is never allowed."
+    )
+
+    @field_validator("namespace")
+    @classmethod
+    def _not_a_system_namespace(cls, namespace: str) -> str:
+        if is_system_namespace(namespace):
+            raise invalid(f"namespace {namespace!r} runs cluster or GPU infrastructure and cannot be a tenant's: "
+                          "admission policies and Pod Security would either break it or exempt the tenant",
+                          "give the tenant its own namespace, e.g. its name")
+        return namespace
+
+    @model_validator(mode="after")
+    def _untrusted_stays_restricted(self) -> Tenant:
+        if self.trust == "untrusted" and self.pod_security == "baseline":
+            raise invalid("an untrusted tenant cannot run under Pod Security baseline: it would admit root "
+                          "containers and privilege escalation next to other tenants' GPUs",
+                          "remove pod_security (untrusted tenants get restricted) or set it to restricted")
+        return self
+
+    @property
+    def pod_security_level(self) -> str:
+        """The level enforced on the tenant's namespace, with the trust-based default filled in."""
+        if self.pod_security is not None:
+            return self.pod_security
+        return "restricted" if self.trust == "untrusted" else "baseline"
 
 
 class Environment(Strict):
     name: DnsName
-    description: str = ""
+    description: Description = ""
     defaults: Defaults
     clusters: list[Cluster] = Field(min_length=1)
     pools: list[Pool] = Field(min_length=1)
@@ -275,44 +463,6 @@ class Environment(Strict):
 
 
 _Loader: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: str, line: int) -> None:
-        self.key, self.line = key, line
-
-
-class _StrictLoader(_Loader):
-    """Safe loading (libyaml when present) that refuses duplicate keys instead of keeping the last one."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = key_node.value
-            if key in seen:
-                raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    lambda loader, node: loader.construct_mapping(node, deep=True),
-)
-
-
-def _load_yaml(text: str, file: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a safe loader subclass
-    except _DuplicateKey as dup:
-        raise GpushareError(Problem(f"key {dup.key!r} appears twice; YAML would keep only the last", file=file,
-                                    line=dup.line, fix="remove one of them")) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise GpushareError(
-            Problem(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=file, line=line, fix="fix the syntax")
-        ) from None
 
 
 class Located:
@@ -406,14 +556,49 @@ def _fix_for(err: Any, model: type[BaseModel] | None, data_loc: tuple[Any, ...])
         return str(err.get("ctx", {}).get("fix")) or None
     if kind == "missing":
         return "add this field"
+    if kind == "union_tag_not_found":
+        return f"add kind: one of {', '.join(ISOLATION)}"
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         return "use a value in the allowed range"
     if kind in ("literal_error", "union_tag_invalid", "enum"):
         expected = err.get("ctx", {}).get("expected") or err.get("ctx", {}).get("expected_tags")
         return f"use one of: {expected}" if expected else None
     if kind == "string_pattern_mismatch":
-        return "use lowercase letters, digits and '-' (a DNS label) or the documented format"
+        pattern = str(err.get("ctx", {}).get("pattern", ""))
+        return _PATTERN_FIXES.get(pattern, f"write a value that matches {pattern}")
+    if kind in _TYPE_FIXES:
+        return _TYPE_FIXES[kind]
     return None
+
+
+_PATTERN_FIXES = {
+    NAME_PATTERN: "use lowercase letters, digits and '-', starting and ending with a letter or digit (a DNS label)",
+    PROFILE_NAME_PATTERN: "use at most 30 lowercase letters, digits and '-' (a DNS label)",
+    VERSION_PATTERN: "write a version as MAJOR.MINOR or MAJOR.MINOR.PATCH in quotes, e.g. \"1.18.2\"",
+    RESOURCE_PATTERN: "write an extended resource name, e.g. nvidia.com/gpu or nvidia.com/mig-1g.10gb",
+}
+_TYPE_FIXES = {
+    "int_type": "write a whole number without quotes, e.g. 4",
+    "int_from_float": "write a whole number, e.g. 4",
+    "float_type": "write a number without quotes, e.g. 1.5",
+    "bool_type": "write true or false without quotes",
+    "string_type": "write text; quote it if YAML would read it as something else, e.g. '123'",
+    "dict_type": "write a mapping (key: value lines)",
+    "list_type": "write a list (- item lines, or [a, b])",
+    "model_type": "write a mapping (key: value lines)",
+    "date_from_datetime_parsing": "write a date as YYYY-MM-DD",
+    "date_parsing": "write a real date as YYYY-MM-DD",
+    "date_from_datetime_inexact": "write a date as YYYY-MM-DD",
+}
+
+
+def _read_as(value: Any) -> str:
+    """What YAML made of a value, for messages: users see `yes` turned into a boolean, `010` into a number."""
+    kind = {bool: "a boolean", int: "a number", float: "a number", str: "text", list: "a list", dict: "a mapping",
+            type(None): "nothing (null)"}.get(type(value), type(value).__name__)
+    shown = repr(value) if not isinstance(value, (dict, list)) else ""
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return f"YAML read {shown + ', ' if shown else ''}{kind}"
 
 
 def _allowed_keys(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str]:
@@ -442,26 +627,33 @@ def _inner_model(annotation: Any) -> Any:
 
 def validation_problems(exc: ValidationError, doc: Located, model: type[BaseModel] | None) -> list[Problem]:
     problems = []
-    for err in exc.errors(include_url=False):
+    errors = exc.errors(include_url=False)
+    # A misspelt key shows as an unknown key and a missing one: say it once, as the unknown key with its fix.
+    misspelt = {(tuple(e["loc"][:-1]), m) for e in errors if e["type"] == "extra_forbidden" and e["loc"]
+                for m in difflib.get_close_matches(str(e["loc"][-1]), [str(x["loc"][-1]) for x in errors
+                                                                       if x["type"] == "missing" and x["loc"]], n=1)}
+    for err in errors:
         loc = tuple(err["loc"])
+        if err["type"] == "missing" and loc and (loc[:-1], str(loc[-1])) in misspelt:
+            continue
         data_loc = doc.data_path(loc)[len(doc.base):]
         message = err["msg"]
         if message.startswith("Value error, "):
             message = message[len("Value error, "):]
         if err["type"] == "extra_forbidden":
             message = f"unknown key {data_loc[-1]!r}" if data_loc else "unknown key"
+        elif err["type"] == "union_tag_not_found":
+            message = f"'{err.get('ctx', {}).get('discriminator', 'kind')}' is missing".replace("''", "'")
+        elif err["type"] in _TYPE_FIXES:
+            message = f"{message} ({_read_as(err.get('input'))})"
         problems.append(doc.problem(loc, message, _fix_for(err, model, data_loc)))
     return problems
 
 
-def read_yaml(path: Path) -> Located:
-    file = str(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise GpushareError(Problem("file not found", file=file, fix="check the path or the environment name"),
-                            exit_code=2) from None
-    return Located(file, _load_yaml(text, file), text)
+def read_yaml(path: Path, what: str = "file") -> Located:
+    """A YAML file through the one shared loader (gpushare.files), kept with its text for line numbers."""
+    text, data = load_yaml_file(path, what)
+    return Located(str(path), data, text)
 
 
 def load_environment(path: Path) -> tuple[Environment, Located]:
@@ -479,7 +671,8 @@ def load_environment(path: Path) -> tuple[Environment, Located]:
 def load_profile_file(path: Path) -> tuple[Any, Located]:
     doc = read_yaml(path)
     if not isinstance(doc.data, dict):
-        raise GpushareError(Problem("a profile file must be a mapping", file=doc.file, line=1))
+        raise GpushareError(Problem("a profile file must be a mapping", file=doc.file, line=1,
+                                    fix="start from a profile in profiles/, e.g. profiles/exclusive.yaml"))
     kind = doc.data.get("kind")
     model = _PROFILE_MODELS.get(kind) if isinstance(kind, str) else None
     try:

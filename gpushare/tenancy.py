@@ -3,7 +3,8 @@ host defaults, priority classes, and Kueue flavors, cluster queues in one cohort
 
 One source of numbers: a tenant's quota in the environment file is its Kueue nominalQuota; its namespace
 ResourceQuota is nominal plus the borrowing limit, so workloads Kueue admits on borrowed quota are not then
-rejected by the API server. Every GPU resource the cluster advertises appears in every tenant's ResourceQuota
+rejected by the API server. Tenant namespaces carry the tenant's Pod Security level (enforce, audit, warn) pinned to
+the cluster's Kubernetes minor. Every GPU resource the cluster advertises appears in every tenant's ResourceQuota
 (0 where the tenant has none): a resource missing from a quota would be unlimited."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare.admission import PRIORITY_CLASSES, tenant_namespace_labels
+from gpushare.errors import GpushareError, Problem
 from gpushare.guardrails import Guardrails
 from gpushare.resolve import ResolvedFleet, ResolvedPool, ResolvedTenant
 
@@ -55,6 +57,7 @@ class ClusterTenancy:
     shares: list[TenantShare]
     objects: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    over_capacity: list[Problem] = field(default_factory=list)  # guaranteed quota above what the pools advertise
 
 
 def _flavors(pools: list[ResolvedPool]) -> list[Flavor]:
@@ -170,6 +173,7 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
     flavors = _flavors(pools)
     shares = _shares(fleet, cluster, flavors)
     result = ClusterTenancy(cluster=cluster, flavors=flavors, shares=shares)
+    kubernetes_version = fleet.clusters[cluster].kubernetes_version
     objects = result.objects
     policy = guardrails.tenancy
 
@@ -199,7 +203,8 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
         t = share.tenant
         objects.append(_cluster_queue(f"tenant-{t.name}", groups, placement.get(t.name, {}),
                                       {"gpushare.io/tenant": t.name}, {"matchLabels": {"gpushare.io/tenant": t.name}}))
-        labels = {**MANAGED, **tenant_namespace_labels(t.name, t.trust, t.priority)}
+        labels = {**MANAGED, **tenant_namespace_labels(t.name, t.trust, t.priority, t.pod_security,
+                                                       kubernetes_version)}
         objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": t.namespace, "labels": labels}})
         objects.append({"apiVersion": "v1", "kind": "ResourceQuota",
                         "metadata": {"name": QUOTA_NAME, "namespace": t.namespace, "labels": MANAGED},
@@ -220,14 +225,41 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
         # Capacity no tenant is guaranteed still belongs to the cohort, so tenants can borrow it.
         # No namespaceSelector: Kueue then admits from no namespace at all; the queue only lends.
         objects.append(_cluster_queue(SPARE_QUEUE, groups, spare, {}, None))
-    capacity = {r: sum(f.resources.get(r, 0) for f in flavors) for r in {r for f in flavors for r in f.resources}}
-    for r, total in sorted(capacity.items()):
-        guaranteed = sum(s.nominal.get(r, 0) for s in shares)
-        if guaranteed > total:
-            result.warnings.append(
-                f"cluster {cluster}: tenants are guaranteed {guaranteed} {r} but the pools advertise {total}")
+    result.over_capacity = _over_capacity(fleet, cluster, flavors, shares)
+    limits = guardrails.environments.get(fleet.environment)
+    if limits is None or limits.quota_above_capacity == "warning":
+        result.warnings.extend(p.message for p in result.over_capacity)
     return result
 
 
-def fleet_tenancy(fleet: ResolvedFleet, guardrails: Guardrails) -> dict[str, ClusterTenancy]:
-    return {c: cluster_tenancy(fleet, c, guardrails) for c in fleet.clusters}
+def _over_capacity(fleet: ResolvedFleet, cluster: str, flavors: list[Flavor], shares: list[TenantShare]
+                   ) -> list[Problem]:
+    """Tenants guaranteed more of a resource than the cluster advertises, located at the first such quota."""
+    capacity = {r: sum(f.resources.get(r, 0) for f in flavors) for r in {r for f in flavors for r in f.resources}}
+    problems: list[Problem] = []
+    for r, total in sorted(capacity.items()):
+        guaranteed = sum(s.nominal.get(r, 0) for s in shares)
+        if guaranteed <= total:
+            continue
+        who = ", ".join(f"{s.tenant.name} {s.nominal[r]}" for s in shares if s.nominal.get(r))
+        first = next(s.tenant.name for s in shares if s.nominal.get(r))
+        index = next(i for i, t in enumerate(fleet.env.tenants) if t.name == first)
+        problems.append(Problem(
+            f"cluster {cluster}: tenants are guaranteed {guaranteed} {r} ({who}) but the pools advertise {total}",
+            file=str(fleet.source), path=f"tenants[{index}].quota.{r}",
+            fix=f"lower the tenants' quota of {r} to {total} in all, or add GPUs to the cluster"))
+    return problems
+
+
+def fleet_tenancy(fleet: ResolvedFleet, guardrails: Guardrails, refuse: bool = True) -> dict[str, ClusterTenancy]:
+    """Every cluster's tenancy. With `refuse`, quota above capacity is an error where guardrails.yaml says so for
+    this environment (quota_above_capacity: error); the guardrail rule reports it either way."""
+    result = {c: cluster_tenancy(fleet, c, guardrails) for c in fleet.clusters}
+    limits = guardrails.environments.get(fleet.environment)
+    if refuse and limits is not None and limits.quota_above_capacity == "error":
+        problems = [p for ct in result.values() for p in ct.over_capacity]
+        if problems:
+            raise GpushareError([Problem(p.message, file=p.file, path=p.path,
+                                         fix=f"{p.fix} ({fleet.environment} refuses more: quota_above_capacity in "
+                                             "policies/guardrails.yaml)") for p in problems])
+    return result

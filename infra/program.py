@@ -54,7 +54,9 @@ def plan_cluster(fleet: ResolvedFleet, cluster: spec.Cluster, stack: StackConfig
     monitoring_args = mon.MonitoringArgs(fleet=fleet, cluster=cluster, settings=monitoring, guardrails=guardrails)
     mon.prometheus_rule(fleet, guardrails, cluster, monitoring)
     mon.dashboard_configmaps(fleet)
-    tenancy = TenancyArgs(fleet=fleet, cluster=cluster, guardrails=guardrails, kueue=stack.kueue_for(cluster))
+    tenancy = TenancyArgs(fleet=fleet, cluster=cluster, guardrails=guardrails, kueue=stack.kueue_for(cluster),
+                          infrastructure_namespaces=(ov.NAMESPACE, monitoring.namespace),
+                          deployer=stack.deployer.identity())
     prepare_tenancy(tenancy)
     return ClusterPlan(cluster, context, monitoring_args, pool_args, nvidia, tenancy)
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from gpushare import spec
+from gpushare.admission import DEFAULT_DEPLOYER_GROUPS, Deployer
 from gpushare.errors import GpushareError, Problem
 
 NAMESPACE = "gpushare"
@@ -34,6 +35,19 @@ class KueueSettings(_Settings):
         "install", description="install: this program installs Kueue (chart pinned, metrics on); existing: Kueue "
         "already runs in the cluster (only gpushare's flavors and queues are created).")
     namespace: str = "kueue-system"
+
+
+class DeployerSettings(_Settings):
+    """Who runs `pulumi up` in the cluster: the only identity allowed to change tenant namespaces' trust, tenant and
+    Pod Security labels (an admission policy refuses everyone else)."""
+
+    users: list[str] = Field(default_factory=list, description="Kubernetes user names, e.g. a CI service account "
+                             "system:serviceaccount:<ns>:<name> or a cloud IAM identity.")
+    groups: list[str] = Field(default_factory=lambda: list(DEFAULT_DEPLOYER_GROUPS),
+                              description="Kubernetes groups; system:masters unless the stack names others.")
+
+    def identity(self) -> Deployer:
+        return Deployer(users=tuple(self.users), groups=tuple(self.groups))
 
 
 class GkeSettings(_Settings):
@@ -75,6 +89,7 @@ class StackConfig(_Settings):
     protect: bool = Field(False, description="Protect the GPU Operator release from deletion (prod).")
     monitoring: MonitoringSettings | None = None
     kueue: KueueSettings = Field(default_factory=lambda: KueueSettings.model_validate({}))
+    deployer: DeployerSettings = Field(default_factory=lambda: DeployerSettings.model_validate({}))
     clusters: dict[str, ClusterSettings] = Field(default_factory=dict)
     keep_device_plugin_configs: list[str | KeptConfig] = Field(default_factory=list)
     operator_values: dict[str, Any] = Field(

@@ -21,8 +21,10 @@ def dev_data() -> dict[str, Any]:
 
 @pytest.fixture
 def write_env(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
-    def write(data: dict[str, Any], name: str = "env.yaml") -> Path:
-        path = tmp_path / name
+    def write(data: dict[str, Any], name: str | None = None) -> Path:
+        # An environment file is named after its environment (resolve refuses a mismatch).
+        path = tmp_path / (name or (f"{data['name']}.yaml" if isinstance(data.get("name"), str) else "env.yaml"))
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
 

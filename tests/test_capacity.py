@@ -23,7 +23,7 @@ from tests.prometheus.scenarios import PoolLoad, Scenario, backfill
 from tests.prometheus.server import prometheus_server
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = Path(__file__).resolve().parent / "prometheus" / "capacity-env.yaml"
+ENV = Path(__file__).resolve().parent / "prometheus" / "capacity" / "dev.yaml"
 HOURS = 6
 runner = CliRunner()
 
@@ -125,21 +125,21 @@ def test_idle_mig_pool_gets_smaller_instances_that_pass_the_mig_check(report: di
 
 def test_patch_is_written_not_applied_and_resolves(report: dict[str, Any], tmp_path: Path) -> None:
     text = (Path(report["_out"]) / "dev.patch").read_text()
-    assert ENV.read_text() == (ROOT / "tests" / "prometheus" / "capacity-env.yaml").read_text()
-    assert "+++ b/tests/prometheus/capacity-env.yaml" in text
+    assert ENV.read_text() == (ROOT / "tests" / "prometheus" / "capacity" / "dev.yaml").read_text()
+    assert "+++ b/tests/prometheus/capacity/dev.yaml" in text
     assert "profiles/mig-idle-mig.yaml" in text
     # Apply the patch to copies and resolve them: every proposed layout and quota holds.
     import subprocess
 
-    (tmp_path / "tests" / "prometheus").mkdir(parents=True)
+    (tmp_path / "tests" / "prometheus" / "capacity").mkdir(parents=True)
     (tmp_path / "profiles").mkdir()
     for path in (ROOT / "profiles").glob("*.yaml"):
         (tmp_path / "profiles" / path.name).write_text(path.read_text())
-    (tmp_path / "tests" / "prometheus" / "capacity-env.yaml").write_text(ENV.read_text())
+    (tmp_path / "tests" / "prometheus" / "capacity" / "dev.yaml").write_text(ENV.read_text())
     applied = subprocess.run(["patch", "-p1", "--no-backup-if-mismatch"], input=text, cwd=tmp_path, text=True,
                              capture_output=True, check=False)
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    fleet = resolve(tmp_path / "tests" / "prometheus" / "capacity-env.yaml", tmp_path / "profiles")
+    fleet = resolve(tmp_path / "tests" / "prometheus" / "capacity" / "dev.yaml", tmp_path / "profiles")
     assert fleet.pool("mig-idle").nodes[0].mig_layout == _pool(report, "mig-idle")["mig_layout_proposed"]
     llm = next(t for t in fleet.tenants if t.name == "llm")
     assert "nvidia.com/mig-4g.40gb" not in llm.quota

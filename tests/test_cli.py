@@ -41,7 +41,7 @@ def test_env_takes_a_path() -> None:
 def test_validate_lists_every_error_and_exits_1(tmp_path: Path, dev_data: dict[str, Any]) -> None:
     dev_data["pools"][0]["hosts"][0]["gpu_cuont"] = 8
     dev_data["defaults"]["driver_brunch"] = 570
-    path = tmp_path / "bad.yaml"
+    path = tmp_path / "dev.yaml"
     path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
     result = runner.invoke(app, ["validate", "--env", str(path)])
     assert result.exit_code == 1
@@ -52,7 +52,7 @@ def test_validate_lists_every_error_and_exits_1(tmp_path: Path, dev_data: dict[s
 
 def test_validate_json_errors(tmp_path: Path, dev_data: dict[str, Any]) -> None:
     dev_data["pools"][2]["profile"] = "mig-balanced"
-    path = tmp_path / "bad.yaml"
+    path = tmp_path / "dev.yaml"
     path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
     result = runner.invoke(app, ["validate", "--env", str(path), "--json"])
     assert result.exit_code == 1
@@ -79,7 +79,7 @@ def test_render_writes_files(tmp_path: Path) -> None:
 
 def test_render_bad_input_writes_nothing(tmp_path: Path, dev_data: dict[str, Any]) -> None:
     dev_data["pools"][0]["gpu_model"] = "NVIDIA H100 90GB"
-    path = tmp_path / "bad.yaml"
+    path = tmp_path / "dev.yaml"
     path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
     out = tmp_path / "out"
     result = runner.invoke(app, ["render", "--env", str(path), "--out", str(out)])
@@ -116,7 +116,7 @@ def test_python_m_gpushare_works() -> None:
 
 def test_error_text_in_brackets_is_printed_as_written(tmp_path: Path, dev_data: dict[str, Any]) -> None:
     dev_data["pools"][0]["gpu_model"] = "[bold]NVIDIA X[/]"
-    path = tmp_path / "bad.yaml"
+    path = tmp_path / "dev.yaml"
     path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
     result = runner.invoke(app, ["validate", "--env", str(path)], env={"COLUMNS": "300"})
     assert result.exit_code == 1

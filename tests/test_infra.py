@@ -76,7 +76,7 @@ def test_prod_protects_the_operator_release_and_dev_does_not() -> None:
 def test_invalid_environment_fails_the_program(tmp_path: Path) -> None:
     data = yaml.safe_load((ROOT / "environments" / "dev.yaml").read_text())
     data["pools"][0]["gpu_model"] = "NVIDIA H100 90GB"
-    path = tmp_path / "bad.yaml"
+    path = tmp_path / "dev.yaml"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(GpushareError, match=r"pools\[0\]\.gpu_model"):
         plan_with("dev", environment=str(path))

@@ -373,7 +373,8 @@ def test_without_cdi_the_device_list_strategy_is_volume_mounts_never_envvar() ->
     # Left to the operator, the plugin would run with its asset default: envvar.
     bare = {k: v for k, v in values.items() if k != "devicePlugin"}
     assert ov.effective_device_plugin_env(bare)["DEVICE_LIST_STRATEGY"] == "envvar"
-    cluster = spec.Cluster(name="lab", kind="bare-metal", mig_strategy="single", cdi=False)
+    cluster = spec.Cluster(name="lab", kind="bare-metal", kubernetes_version="1.33", mig_strategy="single",
+                           cdi=False)
     assert any("envvar" in p for p in ov.check_effective_device_plugin(bare, cluster))
 
 
@@ -394,12 +395,12 @@ def plugin_hash(plan: Plan) -> str:
 
 def test_a_changed_sharing_config_changes_the_plugins_hash(write_env: Callable[..., Path]) -> None:
     data = yaml.safe_load((ROOT / "environments" / "dev.yaml").read_text())
-    before = plugin_hash(collect_plan("dev", dev_config(environment=str(write_env(data, "a.yaml")))))
+    before = plugin_hash(collect_plan("dev", dev_config(environment=str(write_env(data, "a/dev.yaml")))))
     assert before == plugin_hash(shipped("dev"))  # same fleet, same hash
     data["profiles"] = [{"name": "notebooks-ts8", "kind": "time-slicing", "time_slicing": {"replicas": 8}}]
     data["pools"][2]["profile"] = "notebooks-ts8"
     data["tenants"] = [t for t in data["tenants"] if "nvidia.com/gpu.shared" not in t["quota"]]
-    after_plan = collect_plan("dev", dev_config(environment=str(write_env(data, "b.yaml"))))
+    after_plan = collect_plan("dev", dev_config(environment=str(write_env(data, "b/dev.yaml"))))
     assert plugin_hash(after_plan) != before
     (cm,) = [r for r in after_plan.of_type(":ConfigMap") if r.inputs["metadata"]["name"] == ov.DEVICE_PLUGIN_CONFIGMAP]
     assert any(k.startswith("notebooks-ts8-") for k in cm.inputs["data"])

@@ -3,14 +3,17 @@ object registered one by one per cluster, queues after Kueue and their namespace
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from gpushare.admission import POLICIES
+from gpushare.admission import NAMESPACE_POLICIES, POLICIES
 from gpushare.errors import GpushareError
 from gpushare.preview import collect_plan
 from gpushare.resolve import resolve_env
 from infra.components.tenancy import KUEUE_VERSION, check_kueue_values
-from tests.test_infra_components import by_name, dev_config, shipped
+from tests.conftest import ROOT
+from tests.test_infra_components import by_name, dev_config, plan_of, shipped
 
 
 def test_kueue_is_pinned_with_metrics_on() -> None:
@@ -69,7 +72,58 @@ def test_admission_policies_in_every_cluster() -> None:
                     if plan.cluster_of(r) == cluster}
         bindings = {r.inputs["metadata"]["name"] for r in plan.of_type(":ValidatingAdmissionPolicyBinding")
                     if plan.cluster_of(r) == cluster}
-        assert policies == bindings == set(POLICIES)
+        assert policies == {b.inputs["spec"]["policyName"] for b in plan.of_type(":ValidatingAdmissionPolicyBinding")
+                            if plan.cluster_of(b) == cluster} == {*POLICIES, *NAMESPACE_POLICIES}
+        assert "gpushare-no-visible-devices-env-trusted" in bindings  # the trusted tenants' Warn binding
+
+
+SECURITY_FIXTURE = ROOT / "tests" / "security" / "tenants.yaml"
+MONITORING = {"gpushare:monitoring": {"mode": "existing", "release": "kps", "namespace": "observability"}}
+
+
+def test_tenant_namespaces_carry_pod_security_at_the_cluster_minor() -> None:
+    plan = plan_of(SECURITY_FIXTURE, MONITORING)
+    labels = {r.inputs["metadata"]["name"]: r.inputs["metadata"]["labels"] for r in plan.of_type("core/v1:Namespace")
+              if "gpushare.io/tenant" in r.inputs["metadata"].get("labels", {})}
+    levels = {ns: (lab["pod-security.kubernetes.io/enforce"], lab["pod-security.kubernetes.io/enforce-version"])
+              for ns, lab in labels.items()}
+    assert levels == {"partner": ("restricted", "v1.31"), "serving": ("baseline", "v1.31"),
+                      "lab": ("restricted", "v1.31")}
+    assert not any("resource.kubernetes.io/admin-access" in lab for lab in labels.values())
+
+
+def test_bindings_skip_the_namespaces_the_stack_deploys_into() -> None:
+    plan = plan_of(SECURITY_FIXTURE, {**MONITORING, "gpushare:kueue": {"mode": "existing", "namespace": "queues"}})
+    for b in plan.of_type(":ValidatingAdmissionPolicyBinding"):
+        selector = b.inputs["spec"].get("matchResources", {}).get("namespaceSelector")
+        if selector is None:
+            continue
+        (excluded,) = [e["values"] for e in selector["matchExpressions"] if e["key"] == "kubernetes.io/metadata.name"]
+        assert {"observability", "queues", "gpu-operator", "kube-system", "default"} <= set(excluded)
+
+
+def test_deployer_identity_comes_from_stack_config() -> None:
+    plan = plan_of(SECURITY_FIXTURE, {**MONITORING, "gpushare:deployer": {"users": ["ci-deployer"], "groups": []}})
+    (policy,) = [r for r in plan.of_type(":ValidatingAdmissionPolicy")
+                 if r.inputs["metadata"]["name"] == "gpushare-tenant-namespace-labels"]
+    (condition,) = [c for c in policy.inputs["spec"]["matchConditions"] if c["name"] == "not-gpushare-deployer"]
+    assert "'ci-deployer'" in condition["expression"] and "system:masters" not in condition["expression"]
+    default = plan_of(SECURITY_FIXTURE, MONITORING)
+    (policy,) = [r for r in default.of_type(":ValidatingAdmissionPolicy")
+                 if r.inputs["metadata"]["name"] == "gpushare-tenant-namespace-labels"]
+    assert any("'system:masters'" in c["expression"] for c in policy.inputs["spec"]["matchConditions"])
+
+
+@pytest.mark.parametrize(("config", "namespace"), [
+    ({"gpushare:monitoring": {"mode": "existing", "release": "kps", "namespace": "lab"}}, "lab"),
+    ({**MONITORING, "gpushare:kueue": {"mode": "install", "namespace": "partner"}}, "partner"),
+])
+def test_a_tenant_in_a_namespace_the_stack_deploys_into_is_refused(config: dict[str, Any], namespace: str) -> None:
+    with pytest.raises(GpushareError) as caught:
+        plan_of(SECURITY_FIXTURE, config)
+    (problem,) = [p for p in caught.value.problems if namespace in p.message]
+    assert problem.path is not None and problem.path.endswith(".namespace")
+    assert problem.file is not None and problem.file.endswith("tenants.yaml") and problem.fix
 
 
 def test_workload_priority_classes_carry_their_value() -> None:

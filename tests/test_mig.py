@@ -198,15 +198,17 @@ def test_media_engines_shared_by_plus_me_profiles() -> None:
 
 def test_inferred_placements_are_always_flagged() -> None:
     for gpu, layout in [
-        ("NVIDIA H200", "1g.18gb=7"),
+        ("NVIDIA B200", "1g.23gb=7"),
         ("NVIDIA H100 PCIe", "3g.40gb=2"),
-        ("NVIDIA H200", "7g.141gb=2"),
+        ("NVIDIA B200", "7g.180gb=2"),
     ]:
         result = check(gpu, layout)
         flagged = [w for w in result.warnings if "inferred from a sibling GPU" in w and gpu in w]
         assert flagged and "placement_confidence: inferred" in flagged[0]
-    assert check("NVIDIA H200", "1g.18gb=7").ok
-    assert not check("NVIDIA H200", "7g.141gb=2").ok
+    assert check("NVIDIA B200", "1g.23gb=7").ok
+    assert not check("NVIDIA B200", "7g.180gb=2").ok
+    # The H200's placements were confirmed on a real GPU (driver 580.159.04): no longer flagged.
+    assert not [w for w in check("NVIDIA H200", "1g.18gb=7").warnings if "inferred" in w]
 
 
 def test_gpu_without_mig_is_rejected_clearly() -> None:

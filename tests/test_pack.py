@@ -284,7 +284,7 @@ def _resolve_section(tmp_path: Path, section: dict[str, Any], env: str | None) -
         data["pools"] = section["pools"]
         data["profiles"] = data.get("profiles", []) + section.get("profiles", [])
         data["tenants"] = []
-    path = tmp_path / "environments" / "planned.yaml"
+    path = tmp_path / "environments" / f"{data['name']}.yaml"
     path.parent.mkdir(exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return resolve(path, PROFILES)

@@ -95,7 +95,7 @@ def _old_toolkit(d: dict[str, Any]) -> None:
 
 def _inferred_placements(d: dict[str, Any]) -> None:
     d["name"] = "prod"
-    d["pools"][0]["gpu_model"] = "NVIDIA H200"
+    d["pools"][0]["gpu_model"] = "NVIDIA B200"
     d["tenants"] = []
 
 
@@ -109,11 +109,14 @@ def _no_quota(d: dict[str, Any]) -> None:
     d["tenants"][1]["quota"] = {}
 
 
-CASES: list[tuple[str, Mutate, str]] = [
+CASES: list[tuple[str, Mutate, str | tuple[str, ...]]] = [
     ("shared-replicas-limit", _many_replicas, "pool l4-notebooks"),
     ("oversubscription-limit", _oversubscribed, "environment prod"),
     ("untrusted-tenants-hardware-isolated", _untrusted_shared, "tenant partner-eval, quota nvidia.com/gpu.shared"),
-    ("untrusted-tenants-hardware-isolated", _untrusted_unrenamed, "tenant partner-eval, quota nvidia.com/gpu"),
+    # The quota, and the ClusterQueue that spills it onto the time-sliced flavor once the whole GPUs are taken.
+    ("untrusted-tenants-hardware-isolated", _untrusted_unrenamed,
+     ("tenant partner-eval, quota nvidia.com/gpu",
+      "tenant partner-eval, ClusterQueue tenant-partner-eval, flavor l4-notebooks")),
     ("shared-replicas-renamed", _untrusted_unrenamed, "profile ts-plain"),
     ("fail-requests-greater-than-one", _no_fail_requests, "profile ts2-lax"),
     ("toolkit-cve-floor", _old_toolkit, "defaults.toolkit_version"),
@@ -123,14 +126,16 @@ CASES: list[tuple[str, Mutate, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("rule", "mutate", "where"), CASES, ids=[f"{c[0]}:{c[2]}" for c in CASES])
-def test_rule_fires(rule: str, mutate: Mutate, where: str, dev_data: dict[str, Any], write_env: Any) -> None:
+@pytest.mark.parametrize(("rule", "mutate", "where"), CASES, ids=[f"{c[0]}:{c[1].__name__}" for c in CASES])
+def test_rule_fires(rule: str, mutate: Mutate, where: str | tuple[str, ...], dev_data: dict[str, Any],
+                    write_env: Any) -> None:
     clean = context(write_env, dev_data)
     assert fired(clean, rule) == [] or clean.fleet.environment != dev_data["name"]
     mutate(dev_data)
     ctx = context(write_env, dev_data)
     violations = fired(ctx, rule)
-    assert [v.where for v in violations] == [where], [v.as_dict() for v in violations]
+    assert [v.where for v in violations] == ([where] if isinstance(where, str) else list(where)), \
+        [v.as_dict() for v in violations]
     v = violations[0]
     assert v.rule == rule and v.level == "mandatory" and v.fix and v.message
 
@@ -200,7 +205,7 @@ def test_waiver_moves_a_violation_and_expired_waiver_is_a_violation(tmp_path: Pa
                                                                      write_env: Any) -> None:
     _inferred_placements(dev_data)
     ctx = context(write_env, dev_data)
-    waiver = {"rule": "exact-mig-placements", "environment": "prod", "where": "pool a100-*",
+    waiver = {"rule": "exact-mig-placements", "environment": "prod", "where": "pool a100-inference",
               "reason": "H200 placements confirmed by hand on node h200-01", "expires": "2027-01-31"}
     waivers, file = load_waivers(_waivers(tmp_path, [waiver]))
     report = evaluate(ctx, waivers, TODAY, file, rules=[RULES["exact-mig-placements"]])

@@ -58,7 +58,7 @@ def stack_resources(stack: str, operator_values: dict[str, Any] | None = None) -
 
 def test_every_rule_is_a_policy_with_its_level() -> None:
     by_name = {p.name: p for p in policies()}
-    assert set(RULES) | {"waiver-expired"} == set(by_name)
+    assert set(RULES) | {"waiver-expired", "waiver-refused"} == set(by_name)
     for r in RULES.values():
         expected = EnforcementLevel.MANDATORY if r.level == "mandatory" else EnforcementLevel.ADVISORY
         assert by_name[r.id].enforcement_level == expected
@@ -99,7 +99,8 @@ def test_pack_and_check_report_the_same(tmp_path: Path, dev_data: dict[str, Any]
     values = {"cdi": {"enabled": True}, "dcgmExporter": {"enabled": True},
               "devicePlugin": {"env": [{"name": "DEVICE_LIST_STRATEGY", "value": "envvar"}]}}
     resources = stack_resources("dev", values)
-    waivers = [Waiver(rule="toolkit-cve-floor", environment="dev", where="*", reason="vendor fix lands next week",
+    waivers = [Waiver(rule="toolkit-cve-floor", environment="dev", where="defaults.toolkit_version",
+                      reason="vendor fix lands next week",
                       expires=date(2026, 12, 31))] if waived else []
 
     ctx = Context(fleet=resolve(env_file, PROFILES), guardrails=load_guardrails(),
@@ -128,3 +129,21 @@ def test_pack_files_exist() -> None:
     assert (ROOT / "policies" / "pack" / "PulumiPolicy.yaml").exists()
     text = (ROOT / "policies" / "pack" / "__main__.py").read_text()
     assert "PolicyPack(" in text and "policies()" in text
+
+
+def test_pack_judges_by_the_stack_name_not_the_file(dev_data: dict[str, Any], write_env: Any) -> None:
+    """Stack prod pointed at an environment that calls itself dev: prod's limits apply, and the identity rule fails."""
+    found = run_pack(stack_resources("prod"), config={"environment": str(write_env(dev_data))}, waivers=[],
+                     today=TODAY)
+    assert found["environment-identity"][0].startswith("environment prod: prod loads ")
+    # dev's 4-way L4 time-slicing is within dev's replica limit and above prod's.
+    assert any(m.endswith("prod allows 2 (fix: lower the profile's replicas, or move the pool to GPUs (or MIG "
+                          "instances) of a larger memory class)") for m in found["shared-replicas-limit"])
+
+
+def test_refused_waiver_fails_the_pack(dev_data: dict[str, Any], write_env: Any) -> None:
+    waivers = [Waiver(rule="exact-mig-placements", environment="dev", where="*", reason="everything, forever",
+                      expires=date(2036, 1, 1))]
+    found = run_pack(stack_resources("dev"), config={"environment": str(write_env(dev_data))},
+                     waivers=waivers, today=TODAY)
+    assert list(found) == ["waiver-refused"] and "waivers[0]" in found["waiver-refused"][0]

@@ -108,7 +108,8 @@ def test_healthy_history_passes_and_writes_the_patch(reports: dict[str, tuple[in
     assert "+++ b/environments/prod.yaml" in patch and f"+    profile: {NEW_PROFILE}" in patch
     # Nothing was applied; the patch applies to a copy and the result resolves with pilot's profile.
     prod = root / "environments" / "prod.yaml"
-    assert prod.read_text() == (ROOT / "environments" / "prod.yaml").read_text()
+    assert prod.read_text() == (ROOT / "environments" / "prod.yaml").read_text().replace(
+        "nvidia.com/gpu.shared: 32", "nvidia.com/gpu.shared: 16")  # as promotion_root wrote it
     (tmp_path / "environments").mkdir()
     (tmp_path / "environments" / "prod.yaml").write_text(prod.read_text())
     applied = subprocess.run(["patch", "-p1", "--no-backup-if-mismatch"], input=patch, cwd=tmp_path, text=True,
@@ -195,7 +196,7 @@ def test_text_report_lists_the_failing_gates(root: Path, prometheus: str, histor
                            env={"GPUSHARE_ROOT": str(root), "COLUMNS": "200"})
     assert result.exit_code == 1
     assert "gate" in result.stdout and "measured" in result.stdout and "required" in result.stdout
-    assert "FAIL xid" in result.stdout and "no patch written" in result.stdout
+    assert "FAIL xid" in result.stdout and "not promoted: 1 gate(s) failed; nothing was written" in result.stdout
 
 
 def test_wrong_url_is_a_clear_error(root: Path) -> None:

@@ -125,7 +125,7 @@ def test_gke_managed_shared_pool_is_tainted_and_opted_out() -> None:
 
 
 def test_operator_managed_cloud_pool_owns_operator_labels(dev_data: dict[str, Any], write_env: Any) -> None:
-    dev_data["clusters"].append({"name": "dev-gke", "kind": "gke"})
+    dev_data["clusters"].append({"name": "dev-gke", "kind": "gke", "kubernetes_version": "1.33"})
     dev_data["pools"].append({"name": "gke-a100", "cluster": "dev-gke", "purpose": "inference",
                               "gpu_model": "nvidia-a100-80gb", "profile": "mig-balanced",
                               "cloud": {"machine_type": "a2-ultragpu-1g", "gpus_per_node": 1, "node_count": 3}})
@@ -140,7 +140,7 @@ def test_operator_managed_cloud_pool_owns_operator_labels(dev_data: dict[str, An
 def test_gke_managed_pool_takes_one_partition_size(dev_data: dict[str, Any], write_env: Any) -> None:
     from gpushare.errors import GpushareError
 
-    dev_data["clusters"].append({"name": "dev-gke", "kind": "gke"})
+    dev_data["clusters"].append({"name": "dev-gke", "kind": "gke", "kubernetes_version": "1.33"})
     dev_data["pools"].append({"name": "gke-a100", "cluster": "dev-gke", "purpose": "inference",
                               "gpu_model": "nvidia-a100-80gb", "profile": "mig-balanced",
                               "cloud": {"machine_type": "a2-ultragpu-1g", "gpus_per_node": 1, "node_count": 3,

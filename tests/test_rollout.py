@@ -41,7 +41,7 @@ def six_host_env(directory: Path, a100_profile: str = "mig-balanced", name: str 
         "name": name, "description": "six hosts for rollout tests",
         "defaults": {"driver_branch": 580, "toolkit_version": "1.18.2", "containerd_version": "1.6"},
         "clusters": [{"name": "metal", "kind": "bare-metal", "mig_strategy": "mixed", "cdi": True,
-                      "kubeconfig_context": "metal-admin"}],
+                      "kubernetes_version": "1.33", "kubeconfig_context": "metal-admin"}],
         "pools": [
             {"name": "a100-inference", "cluster": "metal", "purpose": "inference",
              "gpu_model": "NVIDIA A100-SXM4-80GB", "profile": a100_profile,

@@ -3,17 +3,20 @@ tenants, one source of numbers (ResourceQuota = nominal + borrowing), and schema
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 
+from gpushare.errors import GpushareError, Problem
 from gpushare.guardrails import load_guardrails
 from gpushare.preview import crd_schemas
 from gpushare.resolve import resolve, resolve_env
 from gpushare.tenancy import COHORT, SPARE_QUEUE, cluster_tenancy, fleet_tenancy
-from tests.conftest import PROFILES
+from tests.conftest import PROFILES, ROOT
 
 
 def validate(obj: dict[str, Any]) -> None:
@@ -136,7 +139,8 @@ def test_unassigned_capacity_is_lendable() -> None:
 def test_quotas_above_the_fleet_warn_with_totals(dev_data: dict[str, Any], write_env: Any) -> None:
     dev_data["tenants"][1]["quota"]["nvidia.com/gpu"] = 12
     ct = cluster_tenancy(resolve(write_env(dev_data), PROFILES), "dev-metal", load_guardrails())
-    assert ct.warnings == ["cluster dev-metal: tenants are guaranteed 12 nvidia.com/gpu but the pools advertise 8"]
+    assert ct.warnings == [
+        "cluster dev-metal: tenants are guaranteed 12 nvidia.com/gpu (research 12) but the pools advertise 8"]
 
 
 def test_priority_classes() -> None:
@@ -146,3 +150,76 @@ def test_priority_classes() -> None:
     assert pcs["gpushare-online"]["preemptionPolicy"] == "PreemptLowerPriority"
     assert pcs["gpushare-online"]["value"] > pcs["gpushare-batch"]["value"]
     assert set(by_kind(ct.objects, "WorkloadPriorityClass")) == set(pcs)
+
+
+# ---------------------------------------------------------------- isolation settings (frozen fixture)
+
+SECURITY_FIXTURE = ROOT / "tests" / "security" / "tenants.yaml"
+
+
+@pytest.fixture
+def security_data() -> dict[str, Any]:
+    return copy.deepcopy(yaml.safe_load(SECURITY_FIXTURE.read_text()))
+
+
+def tenant_index(data: dict[str, Any], name: str) -> int:
+    return next(i for i, t in enumerate(data["tenants"]) if t["name"] == name)
+
+
+def refused(data: dict[str, Any], write_env: Any) -> list[Problem]:
+    with pytest.raises(GpushareError) as caught:
+        resolve(write_env(data), PROFILES)
+    return caught.value.problems
+
+
+@pytest.mark.parametrize("namespace", ["kube-system", "kube-public", "kube-anything", "default", "gpu-operator",
+                                       "kueue-system", "monitoring"])
+def test_system_namespaces_are_never_tenants(security_data: dict[str, Any], write_env: Any, namespace: str) -> None:
+    i = tenant_index(security_data, "partner")
+    security_data["tenants"][i]["namespace"] = namespace
+    (problem,) = refused(security_data, write_env)
+    assert problem.path == f"tenants[{i}].namespace" and namespace in problem.message
+    assert problem.file is not None and problem.fix and "own namespace" in problem.fix
+
+
+def test_untrusted_tenant_cannot_ask_for_baseline(security_data: dict[str, Any], write_env: Any) -> None:
+    i = tenant_index(security_data, "partner")
+    security_data["tenants"][i]["pod_security"] = "baseline"
+    (problem,) = refused(security_data, write_env)
+    assert problem.path == f"tenants[{i}]" and "baseline" in problem.message
+    assert problem.fix and "restricted" in problem.fix
+
+
+def test_privileged_pod_security_is_not_a_choice(security_data: dict[str, Any], write_env: Any) -> None:
+    i = tenant_index(security_data, "serving")
+    security_data["tenants"][i]["pod_security"] = "privileged"
+    (problem,) = refused(security_data, write_env)
+    assert problem.path == f"tenants[{i}].pod_security" and problem.fix and "restricted" in problem.fix
+
+
+def test_pod_security_defaults_follow_trust(security_data: dict[str, Any], write_env: Any) -> None:
+    levels = {t.name: t.pod_security for t in resolve(write_env(security_data), PROFILES).tenants}
+    assert levels == {"serving": "baseline", "partner": "restricted", "lab": "restricted"}
+
+
+@pytest.mark.parametrize(("version", "words"), [
+    (None, "Field required"), ("1.29", "older than 1.30"), ("1.3", "pattern"), ("v1.33", "pattern"),
+    ("1.33.1", "pattern"), (1.33, "string"),
+])
+def test_kubernetes_version_is_required_and_recent(security_data: dict[str, Any], write_env: Any,
+                                                   version: Any, words: str) -> None:
+    cluster = security_data["clusters"][0]
+    if version is None:
+        del cluster["kubernetes_version"]
+    else:
+        cluster["kubernetes_version"] = version
+    (problem,) = refused(security_data, write_env)
+    assert problem.path == "clusters[0].kubernetes_version"
+    assert words in problem.message and problem.fix
+
+
+def test_tenant_namespaces_never_carry_dra_admin_access(security_data: dict[str, Any], write_env: Any) -> None:
+    ct = cluster_tenancy(resolve(write_env(security_data), PROFILES), "sec-metal", load_guardrails())
+    for ns in by_kind(ct.objects, "Namespace").values():
+        assert "resource.kubernetes.io/admin-access" not in ns["metadata"]["labels"]
+        assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce-version"] == "v1.31"

@@ -188,7 +188,7 @@ def pool_queues(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Resolv
     the pool's flavor serves."""
     names = {p.name for p in pools}
     out: dict[str, list[str]] = {}
-    for ct in fleet_tenancy(fleet, guardrails).values():
+    for ct in fleet_tenancy(fleet, guardrails, refuse=False).values():
         for flavor in ct.flavors:
             if flavor.name not in names:
                 continue

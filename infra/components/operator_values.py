@@ -16,6 +16,8 @@ import yaml
 import gpushare
 from gpushare import spec
 from gpushare.errors import GpushareError, Problem
+from gpushare.policies import effective_device_list_strategy
+from gpushare.policies import effective_device_plugin_env as _effective_device_plugin_env
 from gpushare.render import environment as templates
 from gpushare.render import mig_parted_configs
 from gpushare.resolve import (
@@ -47,19 +49,6 @@ DCGM_COUNTERS_HASH_ENV = "GPUSHARE_DCGM_COUNTERS_SHA256"
 GKE_INSTALL_DIR = "/home/kubernetes/bin/nvidia"
 # nv-hostengine of the host's nvidia-dcgm service (Ansible-managed hosts).
 HOST_DCGM_ENGINE = "localhost:5555"
-# The env the operator's device-plugin DaemonSet starts from (gpu-operator assets/state-device-plugin/
-# 0500_daemonset.yaml @ a22dbf6). Note DEVICE_LIST_STRATEGY=envvar: only CDI or devicePlugin.env replaces it.
-DEVICE_PLUGIN_ASSET_ENV = {
-    "PASS_DEVICE_SPECS": "true",
-    "FAIL_ON_INIT_ERROR": "true",
-    "DEVICE_LIST_STRATEGY": "envvar",
-    "DEVICE_ID_STRATEGY": "uuid",
-    "NVIDIA_VISIBLE_DEVICES": "all",
-    "NVIDIA_DRIVER_CAPABILITIES": "all",
-    "MPS_ROOT": "/run/nvidia/mps",
-}
-# What the operator sets with cdi.enabled (controllers/object_controls.go transformDevicePluginCtrForCDI @ a22dbf6).
-OPERATOR_CDI_DEVICE_LIST = "cdi-annotations,cdi-cri"
 
 
 # ---------------------------------------------------------------- what one cluster needs
@@ -343,25 +332,17 @@ def operator_values(fleet: ResolvedFleet, gpus: ClusterGpus, *, device_plugin_ha
 
 
 def effective_device_plugin_env(values: dict[str, Any]) -> dict[str, str]:
-    """The device plugin container's env the way the operator builds it: the asset's env, then MIG_STRATEGY from
-    mig.strategy, then the CDI settings when cdi.enabled, then devicePlugin.env, which wins."""
-    env = dict(DEVICE_PLUGIN_ASSET_ENV)
-    strategy = values.get("mig", {}).get("strategy", chart_defaults()["mig"]["strategy"])
-    if strategy:
-        env["MIG_STRATEGY"] = strategy
-    if values.get("cdi", {}).get("enabled", chart_defaults()["cdi"]["enabled"]):
-        env["DEVICE_LIST_STRATEGY"] = OPERATOR_CDI_DEVICE_LIST
-    for item in values.get("devicePlugin", {}).get("env", []) or []:
-        env[str(item["name"])] = str(item.get("value", ""))
-    return env
+    """The device plugin container's env the way the operator builds it (the guardrails' own function)."""
+    return _effective_device_plugin_env(values)
 
 
 def check_effective_device_plugin(values: dict[str, Any], cluster: spec.Cluster) -> list[str]:
     env = effective_device_plugin_env(values)
     problems = []
-    strategies = [s.strip() for s in env["DEVICE_LIST_STRATEGY"].split(",") if s.strip()]
+    # The guardrail's reading: the env, then devicePlugin.args, in every spelling.
+    strategies = effective_device_list_strategy({}, values)
     if "envvar" in strategies or not strategies:
-        problems.append(f"the device plugin's effective DEVICE_LIST_STRATEGY would be {env['DEVICE_LIST_STRATEGY']!r}"
+        problems.append(f"the device plugin's effective device list strategy would be {','.join(strategies)!r}"
                         ": a container setting NVIDIA_VISIBLE_DEVICES would reach GPUs it was not allocated")
     expected = default_device_plugin_content(cluster)["flags"]
     if strategies != expected["plugin"]["deviceListStrategy"]:

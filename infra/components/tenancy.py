@@ -6,7 +6,7 @@ component only registers them, one resource per object so each shows in the prev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -19,7 +19,7 @@ from pulumi_kubernetes.helm.v3 import Release
 from pulumi_kubernetes.scheduling.v1 import PriorityClass
 
 from gpushare import spec
-from gpushare.admission import admission_objects
+from gpushare.admission import Deployer, admission_objects
 from gpushare.errors import GpushareError, Problem
 from gpushare.guardrails import Guardrails
 from gpushare.resolve import ResolvedFleet
@@ -53,15 +53,36 @@ class TenancyArgs:
     cluster: spec.Cluster
     guardrails: Guardrails
     kueue: KueueSettings
+    # Namespaces this stack deploys infrastructure into (operator, Kueue, monitoring): never a tenant's.
+    infrastructure_namespaces: tuple[str, ...] = ()
+    deployer: Deployer = field(default_factory=Deployer)
     provider: pulumi.ProviderResource | None = None
+
+
+def system_namespace_problems(args: TenancyArgs) -> list[Problem]:
+    """Tenants of this cluster whose namespace is a system one or one the stack deploys infrastructure into."""
+    extra = (*args.infrastructure_namespaces, args.kueue.namespace)
+    problems = []
+    for i, t in enumerate(args.fleet.tenants):
+        if args.cluster.name in t.clusters and spec.is_system_namespace(t.namespace, extra):
+            problems.append(Problem(
+                f"tenant {t.name!r} uses namespace {t.namespace!r}, which cluster {args.cluster.name!r} runs "
+                "infrastructure in (the stack config names it): admission and Pod Security would not guard it",
+                file=str(args.fleet.source), path=f"tenants[{i}].namespace",
+                fix="give the tenant its own namespace, or move the infrastructure in the stack config"))
+    return problems
 
 
 def prepare(args: TenancyArgs) -> ClusterTenancy:
     """The cluster's tenancy objects, checked before any resource exists."""
-    problems = check_kueue_values(KUEUE_VALUES)
+    problems = check_kueue_values(KUEUE_VALUES) + system_namespace_problems(args)
     if problems:
         raise GpushareError(problems)
-    return cluster_tenancy(args.fleet, args.cluster.name, args.guardrails)
+    tenancy = cluster_tenancy(args.fleet, args.cluster.name, args.guardrails)
+    limits = args.guardrails.environments.get(args.fleet.environment)
+    if tenancy.over_capacity and limits is not None and limits.quota_above_capacity == "error":
+        raise GpushareError(tenancy.over_capacity)
+    return tenancy
 
 
 def _meta(obj: dict[str, Any]) -> Any:
@@ -118,7 +139,8 @@ class Tenancy(pulumi.ComponentResource):
                 else:
                     TopLevelCustomResource(res_name, obj, crd_opts)
 
-        for obj in admission_objects():
+        excluded = (*args.infrastructure_namespaces, args.kueue.namespace)
+        for obj in admission_objects(args.deployer, excluded):
             res_name = f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}"
             if obj["kind"] == "ValidatingAdmissionPolicy":
                 ValidatingAdmissionPolicy(res_name, metadata=_meta(obj), spec=obj["spec"], opts=k8s)

@@ -3,6 +3,9 @@
 `ansible-playbook -i environments/pilot.yaml playbooks/site.yml` resolves the environment with gpushare (the same
 resolution `gpushare plan` and `gpushare render` use) and lists its bare-metal hosts, grouped per environment,
 cluster and pool, with the resolved fleet and the rendered files as host variables.
+
+Every value it sets is data: with ansible-core 2.19's data tagging, values from an inventory plugin are untrusted
+and never templated unless the plugin marks them trusted, which this one never does (tests read this file to check).
 """
 
 from __future__ import annotations
@@ -11,6 +14,10 @@ from pathlib import Path
 
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin
+from ansible.release import __version__ as ansible_version
+
+# The first ansible-core whose inventory values stay data (data tagging); older ones template them on use.
+MIN_ANSIBLE_CORE = (2, 19)
 
 DOCUMENTATION = r"""
 name: gpushare_fleet
@@ -23,8 +30,20 @@ description:
 """
 
 
+def require_data_tagging(version: str) -> None:
+    """Refuse an ansible-core that would evaluate `{{ }}` found in inventory values."""
+    release = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if release < MIN_ANSIBLE_CORE:
+        raise AnsibleParserError(
+            f"gpushare's inventory needs ansible-core {'.'.join(map(str, MIN_ANSIBLE_CORE))} or later (found "
+            f"{version}): older releases evaluate templates found in inventory values. Fix: pip install "
+            "'ansible-core>=2.19,<2.20' (the range gpushare's pyproject.toml requires)")
+
+
 class InventoryModule(BaseInventoryPlugin):
     NAME = "gpushare_fleet"
+    # Values come from environment files that anyone with a pull request can edit: never templates.
+    trusted_by_default = False
 
     def verify_file(self, path):
         if not super().verify_file(path):
@@ -35,6 +54,7 @@ class InventoryModule(BaseInventoryPlugin):
 
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache)
+        require_data_tagging(ansible_version)
         from gpushare.errors import GpushareError
         from gpushare.inventory import inventory_from_file
 

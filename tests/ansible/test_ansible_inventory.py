@@ -82,6 +82,27 @@ def test_hostvars_come_from_the_resolved_fleet_and_the_rendered_files() -> None:
         assert hv["gpushare_ignored_node_labels"] == list(IGNORED_NODE_LABELS)
 
 
+def test_every_string_the_plugin_sets_reaches_ansible_untrusted() -> None:
+    """ansible-core 2.19 keeps untrusted strings as data (never templated); the plugin leaves all of its so."""
+    result = ansible_inventory("-i", "environments/pilot.yaml", "--list")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+
+    def trusted_strings(value, where: str):
+        if isinstance(value, str):
+            yield where
+        elif isinstance(value, dict) and set(value) != {"__ansible_unsafe"}:
+            for key, item in value.items():
+                yield from trusted_strings(item, f"{where}.{key}")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                yield from trusted_strings(item, f"{where}[{i}]")
+
+    hostvars = data["_meta"]["hostvars"]
+    assert hostvars and not list(trusted_strings(hostvars, "hostvars"))
+    assert hostvars["pilot-a100-01"]["ansible_host"] == {"__ansible_unsafe": "10.50.1.11"}
+
+
 def test_environment_files_are_recognised_by_path(tmp_path: Path) -> None:
     assert is_environment_file(ROOT / "environments" / "dev.yaml")
     assert is_environment_file(ENVIRONMENTS / "testbed.yaml")

@@ -49,7 +49,7 @@ def write_env(bed: Testbed, directory: Path, a100_profile: str) -> Path:
         "name": "dev", "description": "rollout tests",
         "defaults": {"driver_branch": 580, "toolkit_version": "1.18.2", "containerd_version": "1.6"},
         "clusters": [{"name": "rollout-metal", "kind": "bare-metal", "mig_strategy": "mixed", "cdi": True,
-                      "kubeconfig_context": "rollout-admin"}],
+                      "kubernetes_version": "1.33", "kubeconfig_context": "rollout-admin"}],
         "pools": [
             {"name": "a100-inference", "cluster": "rollout-metal", "purpose": "inference",
              "gpu_model": "NVIDIA A100-SXM4-80GB", "profile": a100_profile,

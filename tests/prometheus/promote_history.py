@@ -153,7 +153,12 @@ def promotion_root(root: Path, project: Path) -> Path:
     assert pilot.count("profile: notebooks-ts4") == 1
     (root / "environments" / "pilot.yaml").write_text(pilot.replace("profile: notebooks-ts4",
                                                                     f"profile: {NEW_PROFILE}"))
-    shutil.copy(project / "environments" / "prod.yaml", root / "environments" / "prod.yaml")
+    # notebooks-ts2 halves the shared replicas, so prod's notebooks quota halves too (prod refuses quota above
+    # what its pools advertise).
+    prod = (project / "environments" / "prod.yaml").read_text()
+    assert prod.count("nvidia.com/gpu.shared: 32") == 1
+    (root / "environments" / "prod.yaml").write_text(prod.replace("nvidia.com/gpu.shared: 32",
+                                                                  "nvidia.com/gpu.shared: 16"))
     guardrails = yaml.safe_load((project / "policies" / "guardrails.yaml").read_text())
     guardrails["environments"]["prod"]["allowed_profiles"].append(NEW_PROFILE)
     (root / "policies" / "guardrails.yaml").write_text(yaml.safe_dump(guardrails, sort_keys=False))

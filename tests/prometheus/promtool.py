@@ -18,7 +18,7 @@ import yaml
 from gpushare.guardrails import Guardrails, duration_seconds
 
 PROMTOOL_TESTS = Path(__file__).resolve().parents[1] / "promtool"
-MONITORING_ENV = Path(__file__).resolve().parent / "monitoring-env.yaml"
+MONITORING_ENV = Path(__file__).resolve().parent / "monitoring-test.yaml"
 
 
 def promtool() -> str:

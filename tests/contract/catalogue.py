@@ -1,0 +1,140 @@
+"""Each kind of bad input, the command, and what gpushare answers: run by tests/contract/test_catalogue.py, which
+also writes docs/bad-input.md from the answers, so the page cannot drift from what users see."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.contract.harness import Result, Worker, seed
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
+
+
+def _dev(old: bytes, new: bytes) -> bytes:
+    text = seed("dev.yaml")
+    assert old in text, old
+    return text.replace(old, new, 1)
+
+
+@dataclass
+class Case:
+    kind: str
+    input: str
+    args: list[str]
+    code: int
+    contains: list[str] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+def _pilot_over_quota(root: Path) -> bytes:
+    text = (root / "environments" / "pilot.yaml").read_bytes()
+    start = text.index(b"quota:")
+    end = text.index(b"\n", text.index(b": ", start + 7))
+    key = text[start:end].split(b"\n")[1].split(b":")[0]
+    return text[:start] + b"quota:\n" + key + b": 400" + text[end:]
+
+
+CASES = [
+    Case("file", "`--env` names a directory", ["validate", "--env", "inputs/dir.yaml"], 2, ["is a directory"]),
+    Case("file", "`--env` names a FIFO", ["validate", "--env", "inputs/fifo.yaml"], 2, ["FIFO"]),
+    Case("file", "`--env` names a device", ["plan", "--env", "/dev/null"], 2, ["not a regular file"]),
+    Case("file", "`--env` names a missing file", ["validate", "--env", "inputs/missing.yaml"], 2, ["not found"]),
+    Case("file", "`--env` names no known environment", ["validate", "--env", "staging"], 2,
+         ["no environment named 'staging'"]),
+    Case("file", "bytes that are not UTF-8", ["validate", "--env", "inputs/dev.yaml"], 2, ["not UTF-8", "offset"],
+         {"dev.yaml": _dev(b"Developer sandbox", b"Developer \xff sandbox")}),
+    Case("file", "a file above 4 MiB", ["validate", "--env", "inputs/dev.yaml"], 2, ["above the limit"],
+         {"dev.yaml": seed("dev.yaml") + b"#" * (4 * 1024 * 1024)}),
+    Case("yaml", "not YAML at all", ["validate", "--env", "inputs/dev.yaml"], 1, ["not valid YAML"],
+         {"dev.yaml": b"name: dev\n  pools: [\n"}),
+    Case("yaml", "a key twice", ["validate", "--env", "inputs/dev.yaml"], 1, ["appears twice"],
+         {"dev.yaml": _dev(b"description:", b"description: first\ndescription:")}),
+    Case("yaml", "an impossible date is text, not an error", ["validate", "--env", "inputs/dev.yaml"], 0, ["ok"],
+         {"dev.yaml": _dev(b"description: Developer sandbox for trying sharing profiles before they go to the "
+                           b"pilot.", b"description: 2026-02-30")}),
+    Case("yaml", "a 5,000-digit number", ["validate", "--env", "inputs/dev.yaml"], 1, ["longer than 18 digits"],
+         {"dev.yaml": _dev(b"gpu_count: 4", b"gpu_count: " + b"9" * 5000)}),
+    Case("types", "`gpu_count: true`", ["validate", "--env", "inputs/dev.yaml"], 1, ["YAML read True, a boolean"],
+         {"dev.yaml": _dev(b"gpu_count: 4", b"gpu_count: true")}),
+    Case("types", "`gpu_count: '4'`", ["validate", "--env", "inputs/dev.yaml"], 1, ["YAML read '4', text"],
+         {"dev.yaml": _dev(b"gpu_count: 4", b"gpu_count: '4'")}),
+    Case("types", "a misspelt key", ["validate", "--env", "inputs/dev.yaml"], 1, ["unknown key", "did you mean"],
+         {"dev.yaml": _dev(b"gpu_count: 4", b"gpu_cout: 4")}),
+    Case("bounds", "a MIG count of a hundred million", ["mig", "validate", "--gpu", "NVIDIA A100-SXM4-80GB",
+                                                        "--layout", "1g.10gb=100000000"], 2,
+         ["more than any GPU holds"]),
+    Case("bounds", "a MIG count above the model's limit", ["mig", "validate", "--gpu", "NVIDIA A100-SXM4-80GB",
+                                                           "--layout", "1g.10gb=8"], 1, ["allows at most 7"]),
+    Case("bounds", "a profile named twice in a layout", ["mig", "validate", "--gpu", "NVIDIA A100-SXM4-80GB",
+                                                         "--layout", "1g.10gb=2,1g.10gb=3"], 2, ["appears twice"]),
+    Case("bounds", "GPU count above a node's 16", ["validate", "--env", "inputs/dev.yaml"], 1, ["less than or equal"],
+         {"dev.yaml": _dev(b"gpu_count: 4", b"gpu_count: 17")}),
+    Case("bounds", "guaranteed quota above the cluster (pilot: an error)", ["validate", "--env", "inputs/pilot.yaml"],
+         1, ["tenants are guaranteed", "quota_above_capacity"]),
+    Case("bounds", "guaranteed quota above the cluster (dev: a warning)", ["validate", "--env", "inputs/dev.yaml"], 0,
+         ["warning", "tenants are guaranteed"], {"dev.yaml": _dev(b"nvidia.com/gpu: 8", b"nvidia.com/gpu: 400")}),
+    Case("output", "`render --out` names a file", ["render", "--env", "dev", "--out", "Pulumi.yaml"], 2,
+         ["existing file"]),
+    Case("output", "`render --out` would replace the inputs", ["render", "--env", "dev", "--out", "."], 2,
+         ["would replace input"]),
+    Case("output", "`render --out` inside the profiles", ["render", "--env", "dev", "--out", "profiles/build"], 2,
+         ["inside the input directory"]),
+    Case("output", "`pack --env-out` names a directory", ["pack", "--demand", "examples/demand/inference.yaml",
+                                                         "--env-out", "inputs/dir.yaml"], 2, ["names a directory"]),
+    Case("option", "`capacity --prometheus` is not a URL", ["capacity", "--env", "dev", "--prometheus", "not a url"],
+         2, ["not an http(s) URL"]),
+    Case("option", "`check --today` is not a date", ["check", "--env", "dev", "--no-plan", "--today", "2026-02-30"],
+         2, ["not a date"]),
+    Case("option", "`promote` from an environment to itself", ["promote", "--from", "prod", "--to", "prod"], 2,
+         ["both name prod"]),
+    Case("option", "`pack --gpus` names a model twice", ["pack", "--demand", "examples/demand/inference.yaml",
+                                                        "--gpus", "NVIDIA L4=2,NVIDIA L4=3"], 2, ["listed twice"]),
+    Case("option", "`check --waivers` names a missing file", ["check", "--env", "dev", "--no-plan", "--waivers",
+                                                              "inputs/missing.yaml"], 2, ["not found"]),
+]
+
+
+def run_case(worker: Worker, case: Case) -> Result:
+    files = dict(case.files)
+    if case.input.startswith("guaranteed quota above the cluster (pilot"):
+        files["pilot.yaml"] = _pilot_over_quota(worker.workspace)
+    for name, data in files.items():
+        path = worker.workspace / "inputs" / name
+        path.write_bytes(data)
+    try:
+        return worker.run(case.args)
+    finally:
+        for name in files:
+            (worker.workspace / "inputs" / name).unlink()
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
+def _answer(result: Result) -> str:
+    lines = [line.strip() for line in result.text.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("error: ")][:3]
+    return " ".join(line[:220] for line in lines)
+
+
+def render_doc(rows: list[tuple[Case, Result]]) -> str:
+    out = [
+        "# Bad input: what gpushare says",
+        "",
+        "Written by `tests/contract/test_catalogue.py` from real runs (regenerate with",
+        "`GPUSHARE_WRITE_CATALOGUE=1 .venv/bin/pytest tests/contract/test_catalogue.py`); a test fails when this page",
+        "and gpushare's answers differ. Exit codes: 0 ok, 1 invalid input or a failed check, 2 unusable input or",
+        "options, 3 no GPU or NVML, 70 an internal error (a bug: the message says how to report it). Generated",
+        "input of every kind is thrown at every command by `tests/contract/test_contract_fuzz.py` under a 1.5 GiB",
+        "address-space limit.",
+        "",
+        "| kind | input | command | exit | what gpushare says |",
+        "|---|---|---|---|---|",
+    ]
+    for case, result in rows:
+        command = "gpushare " + " ".join(a if " " not in a and a else repr(a) for a in case.args)
+        out.append(f"| {case.kind} | {_cell(case.input)} | `{_cell(command)}` | {result.code} | "
+                   f"{_cell(_answer(result))} |")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,107 @@
+"""Tenants cannot change what decides their own isolation: the trust, tenant and Pod Security labels of a tenant
+namespace change only through gpushare's deployer identity, and DRA's admin-access label never lands on one.
+Namespaces as gpushare renders them for the frozen fixture; both CEL engines through the admission model."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gpushare.admission import DRA_ADMIN_ACCESS_LABEL, TENANT_LABEL, TRUST_LABEL, Deployer, admission_objects
+from tests.security.cel_admission import Request, admit, namespace
+from tests.security.tenants import policy_objects, tenant_namespace
+
+LABELS_POLICY = "gpushare-tenant-namespace-labels"
+DRA_POLICY = "gpushare-tenant-namespace-no-dra-admin"
+
+
+@dataclass(frozen=True)
+class User:
+    username: str
+    groups: tuple[str, ...]
+
+
+TENANT_USER = User("partner-admin", ("partner-team", "system:authenticated"))
+DEPLOYER = User("kubernetes-admin", ("system:masters", "system:authenticated"))
+
+
+def rendered(tenant: str) -> dict[str, Any]:
+    ns = tenant_namespace(tenant)
+    return namespace(ns["metadata"]["name"], ns["metadata"]["labels"])
+
+
+def relabel(tenant: str, user: User, set_: dict[str, str] | None = None,
+            remove: tuple[str, ...] = (), objects: list[dict[str, Any]] | None = None) -> tuple[bool, list[str]]:
+    old = rendered(tenant)
+    new = copy.deepcopy(old)
+    labels = new["metadata"]["labels"]
+    labels.update(set_ or {})
+    for key in remove:
+        labels.pop(key)
+    decision = admit(objects or list(policy_objects()), Request(
+        new, None, operation="UPDATE", old_object=old, username=user.username, groups=user.groups))
+    return decision.allowed, sorted(decision.denied)
+
+
+@pytest.mark.parametrize(("set_", "remove"), [
+    ({TRUST_LABEL: "trusted"}, ()),
+    ({}, (TRUST_LABEL,)),
+    ({TENANT_LABEL: "serving"}, ()),
+    ({}, (TENANT_LABEL,)),
+    ({"pod-security.kubernetes.io/enforce": "privileged"}, ()),
+    ({"pod-security.kubernetes.io/enforce-version": "v1.24"}, ()),
+    ({}, ("pod-security.kubernetes.io/warn",)),
+    ({"pod-security.kubernetes.io/exempt": "true"}, ()),
+], ids=["trust-raised", "trust-removed", "tenant-renamed", "tenant-removed", "enforce-privileged",
+        "enforce-version-old", "warn-removed", "new-pod-security-key"])
+def test_tenant_cannot_change_guarded_labels(set_: dict[str, str], remove: tuple[str, ...]) -> None:
+    assert relabel("partner", TENANT_USER, set_, remove) == (False, [LABELS_POLICY])
+
+
+def test_tenant_may_add_its_own_labels() -> None:
+    assert relabel("partner", TENANT_USER, {"team.example.com/cost-center": "42"}) == (True, [])
+
+
+def test_deployer_changes_trust_and_pod_security() -> None:
+    assert relabel("partner", DEPLOYER, {TRUST_LABEL: "trusted",
+                                         "pod-security.kubernetes.io/enforce": "baseline"}) == (True, [])
+
+
+def test_deployer_identity_comes_from_the_stack() -> None:
+    ci = User("system:serviceaccount:ci:pulumi", ("system:serviceaccounts",))
+    objects = admission_objects(Deployer(users=(ci.username,), groups=()))
+    assert relabel("partner", ci, {TRUST_LABEL: "trusted"}, objects=objects) == (True, [])
+    # system:masters is only the default: once the stack names its deployer, it is that one alone
+    assert relabel("partner", DEPLOYER, {TRUST_LABEL: "trusted"}, objects=objects) == (False, [LABELS_POLICY])
+
+
+@pytest.mark.parametrize("user", [TENANT_USER, DEPLOYER], ids=["tenant", "deployer"])
+def test_dra_admin_access_never_on_tenant_namespaces(user: User) -> None:
+    allowed, denied = relabel("serving", user, {DRA_ADMIN_ACCESS_LABEL: "true"})
+    assert not allowed and DRA_POLICY in denied
+
+
+def test_claiming_a_namespace_as_a_tenant_needs_the_deployer() -> None:
+    ns = namespace("sneaky", {TENANT_LABEL: "partner", TRUST_LABEL: "trusted"})
+    tenant = admit(list(policy_objects()), Request(ns, None, username=TENANT_USER.username,
+                                                   groups=TENANT_USER.groups))
+    assert tenant.denied.keys() == {LABELS_POLICY}
+    deployer = admit(list(policy_objects()), Request(ns, None, username=DEPLOYER.username,
+                                                     groups=DEPLOYER.groups))
+    assert deployer.allowed
+
+
+def test_other_namespaces_are_not_judged() -> None:
+    # the operator's own namespace is privileged by design, and no tenant's
+    ns = namespace("gpu-operator", {"pod-security.kubernetes.io/enforce": "privileged"})
+    decision = admit(list(policy_objects()), Request(ns, None, username=TENANT_USER.username,
+                                                     groups=TENANT_USER.groups))
+    assert decision.allowed and decision.matched == []
+
+
+def test_rendered_tenant_namespaces_never_carry_dra_admin_access() -> None:
+    for tenant in ("partner", "serving", "lab"):
+        assert DRA_ADMIN_ACCESS_LABEL not in rendered(tenant)["metadata"]["labels"]
