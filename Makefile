@@ -14,6 +14,7 @@ test: venv lint test-deps promtool
 lint: venv
 	$(BIN)/ruff check gpushare infra tests benchmarks scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/yamllint -s environments profiles
 	$(BIN)/ruff check playbooks
 	$(BIN)/yamllint -s playbooks tests/ansible

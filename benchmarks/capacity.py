@@ -79,9 +79,9 @@ def main() -> None:
         gpus = sum(hosts * g for _n, _m, _mib, _p, hosts, g, _l in POOLS)
         print(f"backfilled {samples / 1e6:.1f} M samples ({gpus} GPUs, {DAYS} d at 1 min; "
               f"{gpus * DAYS * 1440 / 1e6:.2f} M per DCGM metric) in {time.perf_counter() - started:.0f} s")
-        from gpushare.guardrails import load_guardrails
-        from gpushare.monitoring import prometheus_rule_groups
-        from gpushare.resolve import resolve
+        from gpushare.core.guardrails import load_guardrails
+        from gpushare.core.resolve import resolve
+        from gpushare.render.monitoring import prometheus_rule_groups
 
         started = time.perf_counter()
         groups = prometheus_rule_groups(resolve(env, ROOT / "profiles"), load_guardrails())

@@ -50,7 +50,7 @@ def synthetic_environment(directory: Path, gpus: int = 10_000, gpus_per_host: in
 
 def resolve_seconds(gpus: int = 10_000, repeat: int = 3) -> tuple[float, float, int]:
     """Median seconds to resolve (parse + validate + resolve) and, separately, to only resolve the parsed model."""
-    from gpushare import resolve as r
+    from gpushare.core import resolve as r
 
     with tempfile.TemporaryDirectory() as tmp:
         path = synthetic_environment(Path(tmp), gpus)

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gpushare.catalog import GpuModel, load_catalog
-from gpushare.mig import Instance, Layout, MigCheck, check_layout, clear_check_cache
+from gpushare.core.catalog import GpuModel, load_catalog
+from gpushare.core.mig import Instance, Layout, MigCheck, check_layout, clear_check_cache
 
 SEED = 20_240_611
 LAYOUT_COUNT = 100_000
@@ -165,7 +165,7 @@ def validate_argv() -> tuple[list[str], str]:
         return [sys.executable, "-m", "gpushare", *args], "python -m gpushare"
     # Without the main CLI, run the same Typer app the lead engineer mounts as `gpushare mig`.
     code = (
-        "import sys; from gpushare.cli_gpu import mig_app; "
+        "import sys; from gpushare.cli.gpu import mig_app; "
         f"sys.argv = ['gpushare mig', *{args[1:]!r}]; mig_app()"
     )
     return [sys.executable, "-c", code], "python -c 'mig_app()' (gpushare/__main__.py does not exist yet)"

@@ -59,7 +59,7 @@ def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, float, Any]:
 
 
 def main(repeat: int = 5) -> None:
-    from gpushare.preview import collect_plan, run_preview
+    from gpushare.ops.preview import collect_plan, run_preview
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)

@@ -15,9 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pulumi  # noqa: E402
 
-from gpushare.errors import GpushareError  # noqa: E402
-from gpushare.guardrails import load_guardrails  # noqa: E402
-from gpushare.resolve import project_root, resolve  # noqa: E402
+from gpushare.core.errors import GpushareError  # noqa: E402
+from gpushare.core.guardrails import load_guardrails  # noqa: E402
+from gpushare.core.paths import project_root
+from gpushare.core.resolve import resolve  # noqa: E402
 from infra.components import operator_values as ov  # noqa: E402
 from infra.program import plan_cluster, register_cluster  # noqa: E402
 from infra.stack_config import load_stack_config  # noqa: E402

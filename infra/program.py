@@ -9,9 +9,9 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from gpushare import spec
-from gpushare.guardrails import Guardrails
-from gpushare.resolve import ResolvedFleet, host_opt_outs
+from gpushare.core import spec
+from gpushare.core.guardrails import Guardrails
+from gpushare.core.resolve import ResolvedFleet, host_opt_outs
 from infra.components import monitoring as mon
 from infra.components import operator_values as ov
 from infra.components.node_pool import GpuNodePool, GpuNodePoolArgs, node_pool_inputs

@@ -11,9 +11,9 @@ from pulumi.runtime import config as runtime_config
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from gpushare import spec
-from gpushare.admission import DEFAULT_DEPLOYER_GROUPS, Deployer
-from gpushare.errors import GpushareError, Problem
+from gpushare.core import spec
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.policy.admission import DEFAULT_DEPLOYER_GROUPS, Deployer
 
 NAMESPACE = "gpushare"
 

@@ -24,8 +24,8 @@ from typing import Any
 import yaml
 
 import gpushare
-from gpushare.catalog import GpuModel, MigProfile, normalise_pci_id
-from gpushare.discover import match_model
+from gpushare.core.catalog import GpuModel, MigProfile, normalise_pci_id
+from gpushare.core.discover import match_model
 
 # The -lgip GiB column is MiB / 1024 printed with two decimals.
 MEMORY_TOLERANCE_GIB = 0.01

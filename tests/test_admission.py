@@ -10,14 +10,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from gpushare.admission import (
-    NAMESPACE_POLICIES,
-    POLICIES,
-    Deployer,
-    admission_objects,
-    tenant_namespace_labels,
-)
-from gpushare.spec import SYSTEM_NAMESPACES
+from gpushare.core.namespaces import tenant_namespace_labels
+from gpushare.core.spec import SYSTEM_NAMESPACES
+from gpushare.policy.admission import NAMESPACE_POLICIES, POLICIES, Deployer, admission_objects
 from tests.security.cel_admission import evaluate
 
 

@@ -14,11 +14,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gpushare.capacity import GIB, MigEvidence, PoolEvidence, Recommendation, recommend
 from gpushare.cli import app
-from gpushare.guardrails import load_guardrails
-from gpushare.mig import check_layout, layout_from_counts
-from gpushare.resolve import resolve
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.mig import check_layout, layout_from_counts
+from gpushare.core.resolve import resolve
+from gpushare.ops.capacity import GIB, MigEvidence, PoolEvidence, Recommendation, recommend
 from tests.prometheus.scenarios import PoolLoad, Scenario, backfill
 from tests.prometheus.server import prometheus_server
 
@@ -244,7 +244,7 @@ def test_recording_rules_give_the_same_recommendations(backfilled: tuple[Path, i
     level), capacity reads their pool-level series instead of the raw ones, and concludes the same."""
     import shutil
 
-    from gpushare.monitoring import prometheus_rule_groups
+    from gpushare.render.monitoring import prometheus_rule_groups
     from tests.prometheus.scenarios import backfill_recording_rules
 
     data, end = backfilled

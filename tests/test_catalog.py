@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpushare.catalog import (
+from gpushare.core.catalog import (
     Catalog,
     GpuModel,
     build_catalog,
@@ -16,7 +16,7 @@ from gpushare.catalog import (
     normalise_pci_id,
     slug_of,
 )
-from gpushare.errors import GpushareError
+from gpushare.core.errors import GpushareError
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "gpushare" / "data"

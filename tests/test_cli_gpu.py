@@ -12,8 +12,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gpushare.catalog import load_catalog
-from gpushare.cli_gpu import discover_command, mig_app
+from gpushare.cli.gpu import discover_command, mig_app
+from gpushare.core.catalog import load_catalog
 
 app = typer.Typer()
 app.add_typer(mig_app, name="mig")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpushare.demand import Demand, load_demand, parse_gpus_option
-from gpushare.errors import GpushareError
+from gpushare.core.errors import GpushareError
+from gpushare.planner.demand import Demand, load_demand, parse_gpus_option
 from tests.conftest import ROOT
 
 EXAMPLES = sorted((ROOT / "examples" / "demand").glob("*.yaml"))

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpushare.errors import GpushareError, Problem
-from gpushare.resolve import resolve, resolve_env
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.resolve import resolve, resolve_env
 from tests.conftest import ENVIRONMENTS, PROFILES
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpushare import files
-from gpushare.errors import GpushareError
+from gpushare.core import files
+from gpushare.core.errors import GpushareError
 from tests.conftest import ROOT
 
 
@@ -169,7 +169,7 @@ def test_render_killed_at_any_moment_leaves_the_whole_old_or_the_whole_new(tmp_p
     script = textwrap.dedent(f"""
         import sys, itertools
         from pathlib import Path
-        from gpushare.files import replace_dir
+        from gpushare.core.files import replace_dir
         out = Path({str(out)!r})
         def fill(version):
             def go(tmp):

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.catalog import GpuModel, load_catalog
+from gpushare.core.catalog import GpuModel, load_catalog
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 _spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)

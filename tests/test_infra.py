@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.errors import GpushareError
-from gpushare.preview import Plan, collect_plan, stack_config
+from gpushare.core.errors import GpushareError
+from gpushare.ops.preview import Plan, collect_plan, stack_config
 from tests.conftest import ROOT
 
 STACKS = ["dev", "pilot", "prod"]

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare import spec
-from gpushare.errors import GpushareError
-from gpushare.preview import Plan, PlannedResource, collect_plan
-from gpushare.render import render_fleet
-from gpushare.resolve import resolve, resolve_env
+from gpushare.core import spec
+from gpushare.core.errors import GpushareError
+from gpushare.core.resolve import resolve, resolve_env
+from gpushare.ops.preview import Plan, PlannedResource, collect_plan
+from gpushare.render.fleet import render_fleet
 from infra.components import operator_values as ov
 from tests.conftest import ROOT
 
@@ -117,8 +117,8 @@ MIXED_PROGRAM = textwrap.dedent('''
 
     sys.path.insert(0, {root!r})
     import pulumi
-    from gpushare.guardrails import load_guardrails
-    from gpushare.resolve import DEVICE_PLUGIN_CONFIG_LABEL, Label, resolve
+    from gpushare.core.guardrails import load_guardrails
+    from gpushare.core.resolve import DEVICE_PLUGIN_CONFIG_LABEL, Label, resolve
     from infra.program import plan_cluster, register_cluster
     from infra.stack_config import load_stack_config
 
@@ -177,7 +177,7 @@ def test_mixed_cluster_runs_a_host_network_exporter_on_hosts_with_their_own_dcgm
 
 
 def test_host_opt_outs_only_where_a_cluster_mixes_both() -> None:
-    from gpushare.resolve import host_opt_outs
+    from gpushare.core.resolve import host_opt_outs
 
     fleet = resolve_env("dev")
     assert host_opt_outs(fleet.nodes) == {}

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from gpushare.admission import NAMESPACE_POLICIES, POLICIES
-from gpushare.errors import GpushareError
-from gpushare.preview import collect_plan
-from gpushare.resolve import resolve_env
+from gpushare.core.errors import GpushareError
+from gpushare.core.resolve import resolve_env
+from gpushare.ops.preview import collect_plan
+from gpushare.policy.admission import NAMESPACE_POLICIES, POLICIES
 from infra.components.tenancy import KUEUE_VERSION, check_kueue_values
 from tests.conftest import ROOT
 from tests.test_infra_components import by_name, dev_config, plan_of, shipped

@@ -23,9 +23,9 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from gpushare.cli import app
-from gpushare.inventory import build_inventory
-from gpushare.resolve import resolve
-from gpushare.spec import Environment, format_path
+from gpushare.core.resolve import resolve
+from gpushare.core.spec import Environment, format_path
+from gpushare.ops.inventory import build_inventory
 from tests.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "data" / "inventory_safety"

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.catalog import GpuModel, load_catalog
-from gpushare.errors import GpushareError
-from gpushare.mig import (
+from gpushare.core.catalog import GpuModel, load_catalog
+from gpushare.core.errors import GpushareError
+from gpushare.core.mig import (
     Instance,
     MigCheck,
     Placement,

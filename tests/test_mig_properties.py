@@ -17,8 +17,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.catalog import load_catalog
-from gpushare.mig import Instance, MigCheck, check_layout
+from gpushare.core.catalog import load_catalog
+from gpushare.core.mig import Instance, MigCheck, check_layout
 
 RAW: dict[str, Any] = yaml.safe_load(
     (Path(__file__).resolve().parents[1] / "gpushare" / "data" / "mig_profiles.yaml").read_text()

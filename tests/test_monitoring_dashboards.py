@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.guardrails import load_guardrails
-from gpushare.monitoring import dashboards, prometheus_rule_groups
-from gpushare.monitoring.fields import exported_fields
-from gpushare.monitoring.grafana import panel_queries, variable_queries
-from gpushare.monitoring.promql import metric_names, substitute_variables
-from gpushare.monitoring.rules import KUBE_STATE_METRICS, KUEUE_METRICS
-from gpushare.resolve import ResolvedFleet, resolve_env
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.resolve import ResolvedFleet, resolve_env
+from gpushare.render.monitoring import dashboards, prometheus_rule_groups
+from gpushare.render.monitoring.fields import exported_fields
+from gpushare.render.monitoring.grafana import panel_queries, variable_queries
+from gpushare.render.monitoring.promql import metric_names, substitute_variables
+from gpushare.render.monitoring.rules import KUBE_STATE_METRICS, KUEUE_METRICS
 from tests.prometheus.promtool import run_promtool
 
 # What Grafana puts in place of each variable: an "All" selection and its built-in intervals.
@@ -92,7 +92,7 @@ def test_dashboards_are_sharing_aware() -> None:
 
 def test_fleet_without_mig_or_sharing_gets_no_mig_dashboard_or_replica_panel(dev_data: dict[str, Any],
                                                                             write_env: Any) -> None:
-    from gpushare.resolve import resolve
+    from gpushare.core.resolve import resolve
 
     dev_data["pools"] = [p for p in dev_data["pools"] if p["profile"] == "exclusive"]
     dev_data["tenants"] = [t for t in dev_data["tenants"] if "nvidia.com/gpu" in t["quota"]]

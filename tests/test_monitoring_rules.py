@@ -13,17 +13,17 @@ import jsonschema
 import pytest
 import yaml
 
-from gpushare.guardrails import load_guardrails
-from gpushare.monitoring import (
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.resolve import ResolvedFleet, resolve, resolve_env
+from gpushare.render.monitoring import (
     kube_state_metrics_label_allowlist,
     prometheus_rule,
     prometheus_rule_groups,
     prometheus_rules_file,
 )
-from gpushare.monitoring.fields import REQUIRED_FIELDS, exported_fields
-from gpushare.monitoring.promql import ksm_label, metric_names
-from gpushare.monitoring.rules import KUBE_STATE_METRICS, KUEUE_METRICS, PROMOTION_NODE_LABELS
-from gpushare.resolve import ResolvedFleet, resolve, resolve_env
+from gpushare.render.monitoring.fields import REQUIRED_FIELDS, exported_fields
+from gpushare.render.monitoring.promql import ksm_label, metric_names
+from gpushare.render.monitoring.rules import KUBE_STATE_METRICS, KUEUE_METRICS, PROMOTION_NODE_LABELS
 from tests.prometheus.promtool import MONITORING_ENV, render_tests, run_promtool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,8 +197,8 @@ def test_gke_managed_pools_are_not_expected_to_export_dcgm() -> None:
 
 
 def test_render_writes_the_monitoring_files() -> None:
-    from gpushare.monitoring.fields import parse_counters
-    from gpushare.render import render_fleet
+    from gpushare.render.fleet import render_fleet
+    from gpushare.render.monitoring.fields import parse_counters
 
     fleet = resolve_env("pilot")
     files = render_fleet(fleet).files
@@ -218,7 +218,7 @@ def test_render_writes_the_monitoring_files() -> None:
 ])
 def test_bad_monitoring_and_capacity_policy_is_an_error(tmp_path: Path, section: str, key: str, value: Any,
                                                         text: str) -> None:
-    from gpushare.errors import GpushareError
+    from gpushare.core.errors import GpushareError
 
     data = yaml.safe_load((ROOT / "policies" / "guardrails.yaml").read_text())
     data[section][key] = value

@@ -14,15 +14,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gpushare.catalog import load_catalog
 from gpushare.cli import app
-from gpushare.demand import Demand
-from gpushare.errors import GpushareError
-from gpushare.guardrails import load_guardrails
-from gpushare.mig import check_layout, layout_from_counts
-from gpushare.pack import PackPlan, check_plan, env_section, plan_demand
-from gpushare.resolve import resolve
-from gpushare.spec import PROFILE_ADAPTER, Pool
+from gpushare.core.catalog import load_catalog
+from gpushare.core.errors import GpushareError
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.mig import check_layout, layout_from_counts
+from gpushare.core.resolve import resolve
+from gpushare.core.spec import PROFILE_ADAPTER, Pool
+from gpushare.planner.demand import Demand
+from gpushare.planner.pack import PackPlan, check_plan, env_section, plan_demand
 from tests.conftest import ENVIRONMENTS, PROFILES, ROOT
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -210,7 +210,7 @@ def test_env_tenant_trust_wins(tmp_path: Path) -> None:
 
 def test_bigger_plan_keeps_rules_and_reports_gap() -> None:
     demand_path = ROOT / "examples" / "demand" / "inference.yaml"
-    from gpushare.demand import load_demand
+    from gpushare.planner.demand import load_demand
 
     demand, doc = load_demand(demand_path)
     for env in (None, "dev", "pilot", "prod"):
@@ -241,8 +241,8 @@ def test_too_large_for_every_gpu_names_the_workload(tmp_path: Path) -> None:
 
 def test_isolation_no_model_offers(monkeypatch: pytest.MonkeyPatch) -> None:
     # An environment that allows only time-slicing cannot host an untrusted workload.
-    from gpushare import pack as pack_module
-    from gpushare.pack_model import Limits
+    from gpushare.planner import pack as pack_module
+    from gpushare.planner.model import Limits
 
     profiles = pack_module._project_profiles()
     monkeypatch.setattr(pack_module, "environment_limits", lambda env: Limits(
@@ -292,7 +292,7 @@ def _resolve_section(tmp_path: Path, section: dict[str, Any], env: str | None) -
 
 @pytest.mark.parametrize("env", [None, "dev", "prod"])
 def test_env_out_parses_and_resolves_to_the_plan(tmp_path: Path, env: str | None) -> None:
-    from gpushare.demand import load_demand
+    from gpushare.planner.demand import load_demand
 
     demand, doc = load_demand(ROOT / "examples" / "demand" / "inference.yaml")
     plan = plan_demand(demand, doc, env=env, time_limit=10)

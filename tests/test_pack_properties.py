@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpushare.demand import Demand
-from gpushare.errors import GpushareError
-from gpushare.pack import plan_demand
+from gpushare.core.errors import GpushareError
+from gpushare.planner.demand import Demand
+from gpushare.planner.pack import plan_demand
 from tests.test_pack import assert_rules
 
 MODELS = ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA A30", "NVIDIA L4", "NVIDIA H100 NVL"]

@@ -14,9 +14,10 @@ import yaml
 from typer.testing import CliRunner
 
 from gpushare.cli import app
-from gpushare.errors import GpushareError
-from gpushare.guardrails import load_guardrails
-from gpushare.policies import (
+from gpushare.core.errors import GpushareError
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.resolve import resolve, resolve_env
+from gpushare.policy.rules import (
     RULES,
     Context,
     PlanResource,
@@ -25,7 +26,6 @@ from gpushare.policies import (
     evaluate,
     load_waivers,
 )
-from gpushare.resolve import resolve, resolve_env
 from tests.conftest import PROFILES, ROOT
 
 TODAY = date(2026, 11, 30)
@@ -150,7 +150,7 @@ def test_cve_floor_names_the_cves(dev_data: dict[str, Any], write_env: Any) -> N
 def test_toolkit_hardening_is_read_from_the_rendered_file(dev_data: dict[str, Any], write_env: Any) -> None:
     ctx = context(write_env, dev_data)
     assert fired(ctx, "toolkit-hardened") == []
-    from gpushare.render import render_fleet
+    from gpushare.render.fleet import render_fleet
 
     files = dict(render_fleet(ctx.fleet).files)
     files["nvidia-container-toolkit/config.toml"] = files["nvidia-container-toolkit/config.toml"].replace(

@@ -17,11 +17,11 @@ from pulumi_policy import (
     PolicyResourceOptions,
 )
 
-from gpushare.guardrails import load_guardrails
-from gpushare.policies import RULES, Context, PlanResource, Waiver, evaluate
-from gpushare.policy_pack import policies, run_pack, stack_of
-from gpushare.preview import collect_plan
-from gpushare.resolve import resolve
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.resolve import resolve
+from gpushare.ops.preview import collect_plan
+from gpushare.policy.pack import policies, run_pack, stack_of
+from gpushare.policy.rules import RULES, Context, PlanResource, Waiver, evaluate
 from tests.conftest import PROFILES, ROOT
 
 TODAY = date(2026, 11, 30)

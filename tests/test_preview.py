@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpushare.cli import app
-from gpushare.preview import (
+from gpushare.ops.preview import (
     KUBERNETES_VERSIONS,
     MARKER,
     KubernetesObject,

@@ -15,18 +15,18 @@ import yaml
 from typer.testing import CliRunner
 
 from gpushare.cli import app
-from gpushare.errors import GpushareError
-from gpushare.guardrails import load_guardrails
-from gpushare.monitoring.promql import ksm_label
-from gpushare.monitoring.rules import (
+from gpushare.core.errors import GpushareError
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.resolve import resolve, resolve_env
+from gpushare.ops.promote import check_promotion, continuous_run, items, propose
+from gpushare.render.monitoring.promql import ksm_label
+from gpushare.render.monitoring.rules import (
     MIG_STATE_LABEL,
     OPERATOR_MIG_STATE_LABEL,
     POOL_LABEL,
     PROMOTION_NODE_LABELS,
     kube_state_metrics_label_allowlist,
 )
-from gpushare.promote import check_promotion, continuous_run, items, propose
-from gpushare.resolve import resolve, resolve_env
 from tests.prometheus.promote_history import NEW_PROFILE, promotion_root
 
 ROOT = Path(__file__).resolve().parents[1]

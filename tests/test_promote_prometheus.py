@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gpushare.capacity import Prometheus
 from gpushare.cli import app
-from gpushare.guardrails import load_guardrails
-from gpushare.promote import health_gates
-from gpushare.resolve import resolve
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.resolve import resolve
+from gpushare.ops.capacity import Prometheus
+from gpushare.ops.promote import health_gates
 from tests.prometheus.promote_history import DAY, NEW_PROFILE, History, backfill, promotion_root
 from tests.prometheus.server import prometheus_server
 

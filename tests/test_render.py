@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.errors import GpushareError
-from gpushare.render import (
+from gpushare.core.errors import GpushareError
+from gpushare.core.resolve import resolve, resolve_env
+from gpushare.render.fleet import (
     MARKER,
     DevicePluginConfigFile,
     containerd_runtime,
@@ -22,7 +23,6 @@ from gpushare.render import (
     toolkit_settings,
     write_rendered,
 )
-from gpushare.resolve import resolve, resolve_env
 from tests.conftest import PROFILES
 
 
@@ -105,7 +105,7 @@ def test_containerd_dropin_per_version() -> None:
 
 
 def render_fleet_dropin(version: str) -> str:
-    from gpushare.render import environment
+    from gpushare.render.templating import environment
 
     return environment().get_template("containerd-nvidia-runtime.toml.j2").render(r=containerd_runtime(version))
 

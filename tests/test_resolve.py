@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.catalog import load_catalog
-from gpushare.mig import check_layout, layout_from_counts
-from gpushare.resolve import (
+from gpushare.core.catalog import load_catalog
+from gpushare.core.mig import check_layout, layout_from_counts
+from gpushare.core.resolve import (
     DEVICE_PLUGIN_CONFIG_LABEL,
     MIG_CONFIG_LABEL,
     OPERATOR_MIG_CONFIG_LABEL,
@@ -138,7 +138,7 @@ def test_operator_managed_cloud_pool_owns_operator_labels(dev_data: dict[str, An
 
 
 def test_gke_managed_pool_takes_one_partition_size(dev_data: dict[str, Any], write_env: Any) -> None:
-    from gpushare.errors import GpushareError
+    from gpushare.core.errors import GpushareError
 
     dev_data["clusters"].append({"name": "dev-gke", "kind": "gke", "kubernetes_version": "1.33"})
     dev_data["pools"].append({"name": "gke-a100", "cluster": "dev-gke", "purpose": "inference",

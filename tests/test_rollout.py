@@ -13,9 +13,9 @@ import yaml
 from typer.testing import CliRunner
 
 from gpushare.cli import app
-from gpushare.errors import GpushareError
-from gpushare.resolve import resolve
-from gpushare.rollout import (
+from gpushare.core.errors import GpushareError
+from gpushare.core.resolve import resolve
+from gpushare.ops.rollout import (
     HostOutcome,
     Journal,
     PulumiRunner,
@@ -286,8 +286,8 @@ def test_kept_configs_are_written_for_the_pulumi_program(tmp_path: Path) -> None
     new = resolve(six_host_env(tmp_path / "b", a100_profile="mig-small"))
     kept = kept_configs(old, new, tmp_path / "kept")
     assert [k["name"] for k in kept] == sorted(set(old.device_plugin_configs) - set(new.device_plugin_configs))
-    from gpushare.render import parse_device_plugin
-    from gpushare.resolve import device_plugin_digest
+    from gpushare.core.resolve import device_plugin_digest
+    from gpushare.render.fleet import parse_device_plugin
 
     for k in kept:
         content = parse_device_plugin((ROOT / k["file"]).read_text())
@@ -408,7 +408,7 @@ def test_bad_options_are_refused(tmp_path: Path, args: list[str], message: str) 
 
 def test_command_line_shows_progress_and_the_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Rich display and the summary, with ansible-runner replaced by the recording fake."""
-    from gpushare import rollout as ro
+    from gpushare.ops import rollout as ro
 
     env = six_host_env(tmp_path)
     fake = FakeAnsible()

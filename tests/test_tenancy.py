@@ -11,11 +11,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpushare.errors import GpushareError, Problem
-from gpushare.guardrails import load_guardrails
-from gpushare.preview import crd_schemas
-from gpushare.resolve import resolve, resolve_env
-from gpushare.tenancy import COHORT, SPARE_QUEUE, cluster_tenancy, fleet_tenancy
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.resolve import resolve, resolve_env
+from gpushare.core.tenancy import COHORT, SPARE_QUEUE, cluster_tenancy, fleet_tenancy
+from gpushare.ops.preview import crd_schemas
 from tests.conftest import PROFILES, ROOT
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from gpushare.demand import Demand
+from gpushare.planner.demand import Demand
 
 MIXES = ("inference-heavy", "training-heavy", "mixed", "adversarial")
 SEEDS = {"inference-heavy": 11, "training-heavy": 23, "mixed": 37, "adversarial": 41}

@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.planner.mixes import MIXES, demand  # noqa: E402
-from gpushare.pack import plan_demand  # noqa: E402
+from gpushare.planner.pack import plan_demand  # noqa: E402
 
 TARGETS = {50: (1.05, 10.0), 500: (1.05, 10.0), 5000: (1.10, 60.0)}
 

@@ -1,6 +1,7 @@
-"""Monitoring: gpushare's PrometheusRule and Grafana dashboards for one cluster (content from gpushare.monitoring, the
-one source of rules, panels and the node-label allowlist), on the kube-prometheus-stack the stack config names:
-an existing release (only gpushare's objects, with its `release` label) or one installed here with a pinned chart."""
+"""Monitoring: gpushare's PrometheusRule and Grafana dashboards for one cluster (content from
+gpushare.render.monitoring, the one source of rules, panels and the node-label allowlist), on the
+kube-prometheus-stack the stack config names: an existing release (only gpushare's objects, with its `release`
+label) or one installed here with a pinned chart."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from pulumi_kubernetes.apiextensions import CustomResource
 from pulumi_kubernetes.core.v1 import ConfigMap, Namespace
 from pulumi_kubernetes.helm.v3 import Release, RepositoryOptsArgs
 
-from gpushare import monitoring, spec
-from gpushare.guardrails import Guardrails
-from gpushare.resolve import ResolvedFleet
+from gpushare.core import spec
+from gpushare.core.guardrails import Guardrails
+from gpushare.core.resolve import ResolvedFleet
+from gpushare.render import monitoring
 from infra.stack_config import MonitoringSettings
 
 KPS_CHART = "kube-prometheus-stack"

@@ -13,9 +13,9 @@ from typing import Any
 import pulumi
 from pulumi_kubernetes.core.v1 import NodePatch
 
-from gpushare import spec
-from gpushare.errors import GpushareError, Problem
-from gpushare.resolve import ResolvedNode, ResolvedPool
+from gpushare.core import spec
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.resolve import ResolvedNode, ResolvedPool
 from infra.stack_config import EksSettings, GkeSettings
 
 # Kubernetes taint effects as GKE node pools and EKS node groups spell them.

@@ -12,9 +12,9 @@ from pulumi_kubernetes.apps.v1 import DaemonSet
 from pulumi_kubernetes.core.v1 import ConfigMap, Namespace, ResourceQuota, Service
 from pulumi_kubernetes.helm.v3 import Release, RepositoryOptsArgs
 
-from gpushare import spec
-from gpushare.errors import GpushareError, Problem
-from gpushare.resolve import ResolvedFleet
+from gpushare.core import spec
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.resolve import ResolvedFleet
 from infra.components import operator_values as ov
 
 HOST_EXPORTER = "gpushare-dcgm-exporter-host"

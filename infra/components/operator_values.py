@@ -13,22 +13,22 @@ from typing import Any
 
 import yaml
 
-import gpushare
-from gpushare import spec
-from gpushare.errors import GpushareError, Problem
-from gpushare.policies import effective_device_list_strategy
-from gpushare.policies import effective_device_plugin_env as _effective_device_plugin_env
-from gpushare.render import environment as templates
-from gpushare.render import mig_parted_configs
-from gpushare.resolve import (
+from gpushare.core import spec
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.paths import package_data_path
+from gpushare.core.resolve import (
     MIG_DISABLED,
     ResolvedFleet,
     ResolvedNode,
     device_plugin_content,
     device_plugin_digest,
 )
+from gpushare.policy.rules import effective_device_list_strategy
+from gpushare.policy.rules import effective_device_plugin_env as _effective_device_plugin_env
+from gpushare.render.fleet import mig_parted_configs
+from gpushare.render.templating import environment as templates
 
-DATA = Path(gpushare.__file__).resolve().parent / "data"
+DATA = package_data_path()
 CHART_VALUES_FILE = DATA / "gpu-operator-values.yaml"
 CLUSTER_POLICY_CRD_FILE = DATA / "crd-nvidia.com_clusterpolicies.yaml"
 
@@ -150,7 +150,7 @@ def kept_device_plugin_configs(entries: list[Any], fleet: ResolvedFleet, root: P
                                ) -> dict[str, dict[str, Any]]:
     """Configs nodes still use (`gpushare:keepDevicePluginConfigs`): a name the fleet still renders, or a name with
     the file `gpushare render` wrote for it. A config's name ends in its content hash, which must match."""
-    from gpushare.render import parse_device_plugin
+    from gpushare.render.fleet import parse_device_plugin
 
     out: dict[str, dict[str, Any]] = {}
     for i, entry in enumerate(entries):
@@ -252,13 +252,13 @@ def _env(pairs: dict[str, str]) -> list[dict[str, str]]:
 
 def dcgm_counters_configmap_data(fleet: ResolvedFleet) -> dict[str, str]:
     """dcgm-exporter's counters: its defaults plus every field gpushare's rules and capacity planning read."""
-    from gpushare.monitoring import dcgm_counters
+    from gpushare.render.monitoring import dcgm_counters
 
     return {DCGM_COUNTERS_KEY: dcgm_counters(fleet)}
 
 
 def dcgm_exporter_env(fleet: ResolvedFleet, gpus: ClusterGpus, counters_hash: str) -> dict[str, str]:
-    from gpushare.monitoring import dcgm_exporter_env as monitoring_env
+    from gpushare.render.monitoring import dcgm_exporter_env as monitoring_env
 
     env = dict(monitoring_env(fleet))
     if gpus.all_ansible:

@@ -1,7 +1,7 @@
 """Tenancy: per cluster, Kueue (pinned chart, metrics on) and gpushare's tenant namespaces, quotas, host defaults,
 priority classes, Kueue flavors and queues, and the admission policies that guard tenant namespaces.
 
-Every object comes from gpushare.tenancy and gpushare.admission (the one place their numbers are decided); this
+Every object comes from gpushare.core.tenancy and gpushare.admission (the one place their numbers are decided); this
 component only registers them, one resource per object so each shows in the preview and reaches the policies."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from pulumi_kubernetes.core.v1 import LimitRange, Namespace, ResourceQuota
 from pulumi_kubernetes.helm.v3 import Release
 from pulumi_kubernetes.scheduling.v1 import PriorityClass
 
-from gpushare import spec
-from gpushare.admission import Deployer, admission_objects
-from gpushare.errors import GpushareError, Problem
-from gpushare.guardrails import Guardrails
-from gpushare.resolve import ResolvedFleet
-from gpushare.tenancy import ClusterTenancy, cluster_tenancy
+from gpushare.core import spec
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.guardrails import Guardrails
+from gpushare.core.resolve import ResolvedFleet
+from gpushare.core.tenancy import ClusterTenancy, cluster_tenancy
+from gpushare.policy.admission import Deployer, admission_objects
 from infra.stack_config import KueueSettings
 
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
@@ -33,9 +33,9 @@ KUEUE_VALUES = {"enablePrometheus": True}  # Kueue exposes no metrics unless ask
 
 @cache
 def kueue_chart_defaults() -> dict[str, Any]:
-    from gpushare.resolve import project_root
+    from gpushare.core.paths import package_data
 
-    data = yaml.safe_load((project_root() / "gpushare" / "data" / "kueue-values.yaml").read_text())
+    data = yaml.safe_load(package_data("kueue-values.yaml").read_text())
     assert isinstance(data, dict)
     return data
 

@@ -48,15 +48,15 @@ class InventoryModule(BaseInventoryPlugin):
     def verify_file(self, path):
         if not super().verify_file(path):
             return False
-        from gpushare.inventory import is_environment_file
+        from gpushare.ops.inventory import is_environment_file
 
         return is_environment_file(Path(path))
 
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache)
         require_data_tagging(ansible_version)
-        from gpushare.errors import GpushareError
-        from gpushare.inventory import inventory_from_file
+        from gpushare.core.errors import GpushareError
+        from gpushare.ops.inventory import inventory_from_file
 
         try:
             data = inventory_from_file(Path(path))

@@ -2,6 +2,6 @@
 
 from pulumi_policy import PolicyPack
 
-from gpushare.policy_pack import policies
+from gpushare.policy.pack import policies
 
 PolicyPack(name="gpushare-guardrails", policies=policies())

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpushare.catalog import load_catalog
+from gpushare.core.catalog import load_catalog
 
 HERE = Path(__file__).resolve().parent
 SOURCES = HERE / "fixture_packages"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpushare.inventory import IGNORED_NODE_LABELS, build_inventory, group_name, is_environment_file
-from gpushare.render import parse_mig_parted, render_fleet
-from gpushare.resolve import resolve, resolve_env
+from gpushare.core.resolve import resolve, resolve_env
+from gpushare.ops.inventory import IGNORED_NODE_LABELS, build_inventory, group_name, is_environment_file
+from gpushare.render.fleet import parse_mig_parted, render_fleet
 from tests.ansible.controller import ENVIRONMENTS
 from tests.ansible.testbed import ROOT
 

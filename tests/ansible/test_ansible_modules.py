@@ -16,8 +16,8 @@ from types import ModuleType
 
 import pytest
 
-from gpushare.inventory import build_inventory
-from gpushare.resolve import resolve
+from gpushare.core.resolve import resolve
+from gpushare.ops.inventory import build_inventory
 from tests.ansible import packages
 from tests.ansible.controller import ENVIRONMENTS
 from tests.ansible.testbed import ROOT
@@ -55,7 +55,8 @@ version = 2
 
 
 def rendered_dropin(version: str) -> str:
-    from gpushare.render import containerd_runtime, environment
+    from gpushare.render.fleet import containerd_runtime
+    from gpushare.render.templating import environment
 
     return environment().get_template("containerd-nvidia-runtime.toml.j2").render(r=containerd_runtime(version))
 
@@ -244,7 +245,7 @@ def host_config(tmp_path: Path, host: str) -> tuple[Path, str, dict[str, int]]:
 
 
 def test_mig_parted_fixture_applies_asserts_and_loses_instances_at_reboot(sim, tmp_path: Path) -> None:
-    from gpushare.catalog import load_catalog
+    from gpushare.core.catalog import load_catalog
 
     sim.hardware("NVIDIA A100-SXM4-80GB", 2)
     config, name, layout = host_config(tmp_path, "tb-a100-01")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.resolve import resolve
+from gpushare.core.resolve import resolve
 from tests.ansible.controller import ENVIRONMENTS, Controller
 from tests.ansible.testbed import ROOT, Host, HostSpec, Testbed
 

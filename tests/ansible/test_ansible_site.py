@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpushare.guardrails import load_guardrails
-from gpushare.resolve import resolve
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.resolve import resolve
 from tests.ansible.conftest import environment_copy, infra
 from tests.ansible.controller import Controller, PlaybookRun
 from tests.ansible.testbed import Host, Testbed
@@ -175,7 +175,7 @@ def test_containerd_config_dump_differs_only_by_the_nvidia_runtime(
     # Why the role carries the table: containerd 1.6 replaces a whole plugin table from an imported file, so the
     # rendered drop-in imported as it is would silently drop the site's settings.
     rendered = next(n for n in resolve(testbed_env).nodes if n.name == L4)
-    from gpushare.inventory import build_inventory
+    from gpushare.ops.inventory import build_inventory
 
     dropin = build_inventory(resolve(testbed_env)).hostvars[rendered.name]["gpushare_containerd_dropin"]
     host.ssh("mkdir -p /tmp/naive && cat > /tmp/naive/dropin.toml <<'EOF'\n" + dropin + "EOF\n"

@@ -81,7 +81,7 @@ class Worker:
 
 def make_workspace(path: Path) -> Path:
     """What a fleet repository holds, copied from this checkout, plus the frozen seeds under inputs/."""
-    for name in ("environments", "profiles", "policies", "templates", "infra", "examples"):
+    for name in ("environments", "profiles", "policies", "infra", "examples"):
         shutil.copytree(ROOT / name, path / name, ignore=shutil.ignore_patterns("__pycache__", "waivers.yaml"))
     shutil.copytree(ROOT / "gpushare" / "data", path / "gpushare" / "data")
     for stack in ROOT.glob("Pulumi*.yaml"):

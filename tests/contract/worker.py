@@ -38,7 +38,7 @@ def _status(field: str) -> int:
 
 def _clear_caches() -> None:
     """Files change between requests (a mutated guardrails.yaml): drop what gpushare memoises per path."""
-    from gpushare import guardrails
+    from gpushare.core import guardrails
 
     guardrails._load.cache_clear()
 

@@ -20,9 +20,11 @@ import yaml
 from typer.testing import CliRunner
 
 from gpushare.cli import app
-from gpushare.errors import GpushareError
-from gpushare.guardrails import Guardrails, load_guardrails
-from gpushare.policies import (
+from gpushare.core.errors import GpushareError
+from gpushare.core.guardrails import Guardrails, load_guardrails
+from gpushare.core.resolve import resolve
+from gpushare.ops.preview import collect_plan
+from gpushare.policy.rules import (
     RULES,
     Context,
     PlanResource,
@@ -30,11 +32,10 @@ from gpushare.policies import (
     Waiver,
     effective_device_list_strategy,
     evaluate,
+    load_checked_guardrails,
     load_waivers,
 )
-from gpushare.preview import collect_plan
-from gpushare.render import render_fleet
-from gpushare.resolve import resolve
+from gpushare.render.fleet import render_fleet
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PROD = FIXTURES / "environments" / "prod.yaml"
@@ -493,7 +494,7 @@ def _guardrails_with(tmp_path: Path, mutate: Callable[[dict[str, Any]], None], n
 def test_bad_guardrail_settings_are_errors(tmp_path: Path, mutate: Callable[[dict[str, Any]], None],
                                            text: str) -> None:
     with pytest.raises(GpushareError) as info:
-        load_guardrails(_guardrails_with(tmp_path, mutate))
+        load_checked_guardrails(_guardrails_with(tmp_path, mutate))
     assert any(text in str(p) for p in info.value.problems), [str(p) for p in info.value.problems]
 
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from gpushare.monitoring.promql import ksm_label
-from gpushare.monitoring.rules import kube_state_metrics_label_allowlist
-from gpushare.resolve import MIG_STATE_LABEL, OPERATOR_MIG_CONFIG_LABEL, ResolvedFleet, ResolvedNode
+from gpushare.core.resolve import MIG_STATE_LABEL, OPERATOR_MIG_CONFIG_LABEL, ResolvedFleet, ResolvedNode
+from gpushare.render.monitoring.promql import ksm_label
+from gpushare.render.monitoring.rules import kube_state_metrics_label_allowlist
 from tests.prometheus.scenarios import WAIT_BUCKETS, create_blocks
 
 DAY = 86400
@@ -144,7 +144,6 @@ def promotion_root(root: Path, project: Path) -> Path:
     (root / "environments").mkdir(parents=True)
     (root / "policies").mkdir()
     shutil.copytree(project / "profiles", root / "profiles")
-    (root / "templates").symlink_to(project / "templates")
     profile = yaml.safe_load((project / "profiles" / "notebooks-ts4.yaml").read_text())
     profile.update(name=NEW_PROFILE, description="Two pods take turns on each GPU (trusted notebooks).")
     profile["time_slicing"]["replicas"] = 2

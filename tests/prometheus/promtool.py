@@ -15,7 +15,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from gpushare.guardrails import Guardrails, duration_seconds
+from gpushare.core.guardrails import Guardrails, duration_seconds
 
 PROMTOOL_TESTS = Path(__file__).resolve().parents[1] / "promtool"
 MONITORING_ENV = Path(__file__).resolve().parent / "monitoring-test.yaml"

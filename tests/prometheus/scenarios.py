@@ -162,7 +162,7 @@ def create_blocks(source: Path, data_dir: Path, span_seconds: float) -> None:
 
 def rule_levels(groups: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Recording rules by dependency depth: a level reads only series of the levels before it."""
-    from gpushare.monitoring.promql import metric_names
+    from gpushare.render.monitoring.promql import metric_names
 
     rules = [rule for g in groups for rule in g["rules"] if "record" in rule]
     recorded = {rule["record"] for rule in rules}

@@ -10,10 +10,10 @@ from typing import Any
 
 import yaml
 
-from gpushare.admission import admission_objects
-from gpushare.guardrails import load_guardrails
-from gpushare.resolve import resolve
-from gpushare.tenancy import cluster_tenancy
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.resolve import resolve
+from gpushare.core.tenancy import cluster_tenancy
+from gpushare.policy.admission import admission_objects
 from tests.conftest import PROFILES, ROOT
 
 FIXTURE = Path(__file__).parent / "tenants.yaml"

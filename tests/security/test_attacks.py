@@ -13,7 +13,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from gpushare.admission import POLICIES, TRUST_LABEL
+from gpushare.core.namespaces import TRUST_LABEL
+from gpushare.policy.admission import POLICIES
 from tests.security.cel_admission import Request, admit, namespace
 from tests.security.tenants import CONTROLLERS, controller, example_pod, policy_objects, tenant_namespace
 

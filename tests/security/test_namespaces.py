@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpushare.admission import DRA_ADMIN_ACCESS_LABEL, TENANT_LABEL, TRUST_LABEL, Deployer, admission_objects
+from gpushare.core.namespaces import DRA_ADMIN_ACCESS_LABEL, TENANT_LABEL, TRUST_LABEL
+from gpushare.policy.admission import Deployer, admission_objects
 from tests.security.cel_admission import Request, admit, namespace
 from tests.security.tenants import policy_objects, tenant_namespace
 

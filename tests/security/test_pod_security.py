@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.admission import POD_SECURITY_MODES, POD_SECURITY_PREFIX
+from gpushare.core.namespaces import POD_SECURITY_MODES, POD_SECURITY_PREFIX
 from tests.security.cel_admission import Request, admit, namespace
 from tests.security.pod_security import violations
 from tests.security.tenants import CONTROLLERS, controller, example_pod, policy_objects, tenant_namespace

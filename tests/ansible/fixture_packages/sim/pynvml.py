@@ -9,7 +9,7 @@ nvidia-smi, dcgmi) call, over simulated GPUs:
 - the driver (version, CUDA version) from /usr/share/gpusim/driver.json, installed by the driver fixture package:
   without it nvmlInit fails the way it does without libnvidia-ml (NVML_ERROR_LIBRARY_NOT_FOUND);
 - the MIG geometry (profile ids, NVML indices, slices, max counts, allowed starts) from
-  /usr/share/gpusim/tables.json, generated from gpushare.catalog (gpushare/data/mig_profiles.yaml);
+  /usr/share/gpusim/tables.json, generated from gpushare.core.catalog (gpushare/data/mig_profiles.yaml);
 - the state (MIG mode current and pending, GPU instances) in /var/lib/gpusim/state.json. MIG mode survives a
   reboot and GPU instances do not, as on real GPUs: a new boot id applies the pending mode and clears instances;
 - GPU processes are files in /run/gpusim/procs/<pid>.json (kind "compute" shows in the process list, kind

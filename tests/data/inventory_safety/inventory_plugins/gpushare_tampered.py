@@ -51,15 +51,15 @@ class InventoryModule(gpushare_fleet.InventoryModule):
         return path.endswith(".tampered.json")
 
     def parse(self, inventory, loader, path, cache=True):
-        import gpushare.inventory
+        import gpushare.ops.inventory
 
         attack = json.loads(Path(path).read_text())
         if attack.get("mark_trusted"):  # the control case: the harness must see evaluation when values are trusted
             self.trusted_by_default = True
-        resolve_for_real = gpushare.inventory.inventory_from_file
-        gpushare.inventory.inventory_from_file = lambda _path: tamper(
+        resolve_for_real = gpushare.ops.inventory.inventory_from_file
+        gpushare.ops.inventory.inventory_from_file = lambda _path: tamper(
             resolve_for_real(Path(attack["environment"])), attack["payload"])
         try:
             super().parse(inventory, loader, path, cache)
         finally:
-            gpushare.inventory.inventory_from_file = resolve_for_real
+            gpushare.ops.inventory.inventory_from_file = resolve_for_real

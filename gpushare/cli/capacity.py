@@ -1,0 +1,161 @@
+"""`gpushare capacity`: per-pool recommendations from Prometheus data, a chart, and a patch for review."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.files import check_output_file, write_file, write_with
+
+if TYPE_CHECKING:
+    from gpushare.ops.capacity import Recommendation
+
+
+def _chart(recs: list[Recommendation], path: Path, environment: str, window: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in recs if r.utilization_now is not None]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(shown) + 2), 4.5))
+    xs = range(len(shown))
+    now = [100 * (r.utilization_now or 0) for r in shown]
+    projected = [100 * (r.utilization_projected if r.utilization_projected is not None else r.utilization_now or 0)
+                 for r in shown]
+    ax.bar([x - 0.2 for x in xs], now, width=0.4, label="now (mean)")
+    ax.bar([x + 0.2 for x in xs], projected, width=0.4, label="projected")
+    ax.set_xticks(list(xs), [f"{r.pool}\n{r.gpus_now}→{r.gpus_proposed or r.gpus_now} GPUs" for r in shown],
+                  fontsize=8)
+    ax.set_ylabel("GPU utilization (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"gpushare capacity: {environment}, last {window}")
+    ax.legend()
+    fig.tight_layout()
+    write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png"))
+    plt.close(fig)
+
+
+def capacity_command(
+    env: Annotated[str, typer.Option("--env", "-e", help="Environment name under environments/, or a path.")],
+    prometheus: Annotated[str, typer.Option("--prometheus", help="Prometheus base URL, e.g. http://prometheus:9090")],
+    window: Annotated[str, typer.Option("--window", help="How far back to look (Prometheus duration).")] = "7d",
+    end: Annotated[float | None, typer.Option("--end", help="End of the window, Unix seconds (default: now).")]
+    = None,
+    patch: Annotated[Path | None, typer.Option("--patch", help="Where to write the proposed change "
+                                                "(default: build/capacity/<env>.patch).")] = None,
+    chart: Annotated[Path | None, typer.Option("--chart", help="Write a PNG of utilization now and projected.")]
+    = None,
+    source: Annotated[str, typer.Option("--source", help="auto: gpushare's recording rules where they cover the "
+                                        "window, else raw exporter series; or force recorded / raw.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+) -> None:
+    """Recommend time-slicing replicas, MIG layouts and pool sizes from Prometheus data; write a patch for review."""
+    import re
+
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from gpushare.cli.common import fail
+    from gpushare.core.guardrails import load_guardrails
+    from gpushare.core.resolve import resolve_env
+    from gpushare.ops.capacity import Prometheus, collect_evidence, propose, recommend
+
+    started = time.perf_counter()
+    console = Console(stderr=True, highlight=False)
+    try:
+        if source not in ("auto", "recorded", "raw"):
+            raise GpushareError(Problem(f"--source {source!r}", fix="use auto, recorded or raw"), exit_code=2)
+        if not re.fullmatch(r"[1-9][0-9]*[smhdw]", window):
+            raise GpushareError(Problem(f"--window {window!r} is not a Prometheus duration",
+                                        fix="use e.g. 7d, 36h or 90m"), exit_code=2)
+        prom = Prometheus(prometheus)
+        fleet = resolve_env(env)
+        check_output_file(patch or Path("build") / "capacity" / f"{fleet.environment}.patch", [fleet.source],
+                          option="--patch")
+        if chart is not None:
+            check_output_file(chart, [fleet.source], option="--chart")
+        guardrails = load_guardrails()
+        at = end if end is not None else time.time()
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                      transient=True, disable=as_json) as progress:
+            task = progress.add_task("querying Prometheus", total=None)
+            evidence, used = collect_evidence(prom, fleet, guardrails, window, at,
+                                              lambda name: progress.update(task, description=f"Prometheus: {name}"),
+                                              source)
+            if not any(e.utilization_mean is not None for e in evidence.values()):
+                raise GpushareError(Problem(
+                    f"Prometheus at {prometheus} has no GPU utilization for any pool of {fleet.environment} in the "
+                    f"{window} before {time.strftime('%Y-%m-%d %H:%M', time.gmtime(at))} UTC",
+                    fix="check --window and --end, that dcgm-exporter is scraped, and that kube-state-metrics "
+                        "exports the node label gpushare.io/pool (--metric-labels-allowlist)"))
+            progress.update(task, description="sizing pools")
+            recs = recommend(fleet, guardrails, evidence, window)
+            progress.update(task, description="checking the proposed change (resolve, MIG check, guardrails)")
+            proposal = propose(fleet, guardrails, recs)
+    except GpushareError as err:
+        raise fail(err, as_json) from None
+
+    patch_path = patch or Path("build") / "capacity" / f"{fleet.environment}.patch"
+    text = proposal.patch
+    if text:
+        write_file(patch_path, text)
+    if chart is not None:
+        _chart(recs, chart, fleet.environment, window)
+    query_seconds = sum(t.seconds for t in prom.timings)
+    freed = sum(r.gpus_freed for r in recs if r.pool in proposal.applied)
+    summary: dict[str, Any] = {
+        "ok": True, "environment": fleet.environment, "window": window, "end": at,
+        "source": "recording rules" if used == "recorded" else "raw exporter series",
+        "pools": [{**r.as_dict(), "evidence_figures": evidence[r.pool].as_dict(),
+                   "in_patch": r.pool in proposal.applied, "withheld": proposal.withheld.get(r.pool)} for r in recs],
+        "gpus_freed": freed,
+        "patch": str(patch_path) if text else None,
+        "chart": str(chart) if chart else None,
+        "prometheus_query_seconds": round(query_seconds, 3),
+        "queries": len(prom.timings),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    out = Console(highlight=False)
+    from rich.table import Table
+
+    table = Table(title=f"gpushare capacity: {fleet.environment}, last {window}", show_lines=True)
+    for col in ("pool", "sharing", "now", "proposed", "utilization now → projected", "evidence"):
+        table.add_column(col, overflow="fold")
+    for r in recs:
+        now = f"{r.gpus_now} GPUs"
+        proposed = "-"
+        if r.replicas_now is not None:
+            now += f"\n{r.replicas_now} replicas"
+        if r.mig_layout_now:
+            now += "\n" + ", ".join(f"{p} x{n}" for p, n in r.mig_layout_now.items())
+        if not r.gaps:
+            proposed = f"{r.gpus_proposed} GPUs"
+            if r.replicas_proposed is not None:
+                proposed += f"\n{r.replicas_proposed} replicas"
+            if r.mig_layout_proposed:
+                proposed += "\n" + ", ".join(f"{p} x{n}" for p, n in r.mig_layout_proposed.items())
+            if r.pool in proposal.withheld:
+                proposed += f"\n[yellow]not in patch[/]: {proposal.withheld[r.pool]}"
+        util = "no data" if r.utilization_now is None else f"{r.utilization_now:.0%}"
+        if r.utilization_projected is not None:
+            util += f" → {r.utilization_projected:.0%}"
+        lines = r.evidence + [f"[yellow]gap[/]: {g}" for g in r.gaps] + [f"note: {n}" for n in r.notes]
+        table.add_row(r.pool, r.sharing, now, proposed, util, "\n".join(lines))
+    out.print(table)
+    out.print(f"GPUs that could be freed: {freed}. From {summary['source']}: Prometheus query time "
+              f"{query_seconds:.2f} s over {len(prom.timings)} queries; {summary['seconds']:.1f} s in all.")
+    if text:
+        out.print(f"proposed change written to {patch_path} (review it; nothing was applied)")
+    else:
+        out.print("no change proposed")
+    if chart is not None:
+        out.print(f"chart written to {chart}")

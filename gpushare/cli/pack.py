@@ -1,0 +1,113 @@
+"""`gpushare pack`: the command over gpushare.pack. Imports the planner (HiGHS, numpy) only when it runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from gpushare.planner.pack import PackPlan
+
+
+def pack_command(
+    demand: Annotated[Path, typer.Option("--demand", "-d", help="Demand file (YAML): workloads and GPU models.")],
+    env: Annotated[
+        str | None,
+        typer.Option("--env", "-e", help="Plan within this environment's guardrails, cluster and profiles."),
+    ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option("--gpus", help='GPU models instead of the file\'s: "NVIDIA H100 80GB HBM3=16,NVIDIA L4" '
+                     "(a model without =COUNT: as many as needed)."),
+    ] = None,
+    env_out: Annotated[
+        Path | None, typer.Option("--env-out", help="Write the planned pools and profiles as an environment section.")
+    ] = None,
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", min=1.0, max=3600.0, help="Seconds the solver may use.")
+    ] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+) -> None:
+    """Turn workload demand into per-GPU MIG layouts, time-slicing and MPS replicas and pool sizes, with the
+    fewest GPUs (or least cost), and show how close that is to a proven lower bound.
+
+    Exit 0 with a plan, 1 when the demand cannot be served or is invalid, 2 when a file cannot be read.
+    """
+    from gpushare.cli.common import fail
+    from gpushare.core.errors import GpushareError
+    from gpushare.core.files import check_output_file, write_file
+    from gpushare.planner.demand import load_demand, parse_gpus_option
+    from gpushare.planner.pack import env_section_yaml, plan_demand
+
+    try:
+        if env_out is not None:
+            check_output_file(env_out, [demand], option="--env-out")
+        spec, doc = load_demand(demand)
+        supply = parse_gpus_option(gpus) if gpus is not None else None
+        if as_json:
+            plan = plan_demand(spec, doc, env=env, gpus=supply, time_limit=time_limit)
+        else:
+            from rich.console import Console
+
+            with Console(stderr=True).status("planning", spinner="dots") as status:
+                plan = plan_demand(spec, doc, env=env, gpus=supply, time_limit=time_limit,
+                                   progress=lambda text: status.update(text))
+        section = env_section_yaml(plan, str(demand)) if env_out is not None else None
+    except GpushareError as err:
+        raise fail(err, as_json) from None
+    if env_out is not None and section is not None:
+        write_file(env_out, section)
+    if as_json:
+        document = plan.as_json()
+        if env_out is not None:
+            document["env_out"] = str(env_out)
+        print(json.dumps(document, indent=2))
+        return
+    _print_plan(plan, env_out)
+
+
+def _print_plan(plan: PackPlan, env_out: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    title = f"gpushare pack: {plan.demand.name or 'demand'}" + (
+        f" in {plan.problem.environment}" if plan.problem.environment else "")
+    table = Table(title=title, show_lines=True)
+    for col in ("GPU model", "GPUs", "profile", "MIG layout per GPU", "workloads", "replicas"):
+        table.add_column(col, overflow="fold", justify="right" if col in ("GPUs", "replicas") else "left")
+    for pool in plan.pools():
+        layout = "\n".join(f"{p} x{n}" for p, n in pool["layout"].items()) or "-"
+        sharing = pool["sharing"] + (f" x{pool['replicas']}" if pool["replicas"] > 1 else "")
+        names = ", ".join(pool["workloads"][:6]) + (f" (+{len(pool['workloads']) - 6})"
+                                                   if len(pool["workloads"]) > 6 else "")
+        table.add_row(pool["model"].removeprefix("NVIDIA "), str(pool["gpus"]), f"{pool['profile']}\n({sharing})",
+                      layout, names, str(pool["workload_replicas"]))
+    console.print(table)
+    util = plan.utilization()
+    if plan.proven_optimal:
+        status = "optimal (proven by the exact MIP)"
+    elif plan.optimal:
+        status = "optimal (meets the lower bound)"
+    else:
+        status = f"within {plan.gap:.1%} of the lower bound"
+    console.print(f"[bold]{plan.gpus_used} GPUs[/] for {plan.baseline_gpus} workload replicas "
+                  f"(one GPU per replica: {plan.baseline_gpus} GPUs)")
+    if plan.demand.objective == "gpus":
+        console.print(f"lower bound {plan.lower_bound:g} GPUs: {status}")
+    else:
+        console.print(f"cost {plan.objective:g}, lower bound {plan.lower_bound:g}: {status}")
+    console.print(
+        f"projected utilization: compute {util['compute']:.0%} (one GPU per replica: {util['baseline_compute']:.0%}),"
+        f" memory {util['memory']:.0%}; oversubscription {plan.oversubscription():.2f}"
+        + (f" (limit {plan.problem.max_oversubscription:g})" if plan.problem.max_oversubscription else "")
+        + f"; solved in {plan.seconds:.1f} s")
+    for note in plan.problem.notes:
+        console.print(f"note: {note}", soft_wrap=True)
+    for warning in plan.problem.warnings:
+        console.print(f"[yellow]warning[/]: {warning}", soft_wrap=True)
+    if env_out is not None:
+        console.print(f"pools and profiles written to {env_out}")

@@ -1,0 +1,132 @@
+"""`gpushare preview`: the Pulumi program's offline preview for a stack, as a resource tree or one JSON object."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpushare.core.errors import GpushareError
+
+if TYPE_CHECKING:
+    from gpushare.ops.preview import Plan, PlannedResource
+
+MAX_SIBLINGS = 20  # per parent and type; the rest is counted, not listed
+
+
+def preview_command(
+    env: Annotated[str, typer.Option("--env", "-e", help="Stack name (Pulumi.<env>.yaml), or a path to a stack or "
+                                     "environment file.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write every Kubernetes object under "
+                                             "DIR/manifests/ and each Helm release's values under DIR/helm-values/.")
+                   ] = None,
+) -> None:
+    """Offline preview of `pulumi up -s ENV`: the program under Pulumi's mock engine, every Kubernetes object
+    validated (strict schemas of pinned Kubernetes minors, CRD schemas); exit 1 if anything is invalid."""
+    from gpushare.ops.preview import KUBERNETES_VERSIONS, NOT_CHECKED, run_preview
+
+    try:
+        result = run_preview(env, out)
+    except GpushareError as err:
+        if as_json:
+            print(json.dumps({"ok": False, "resources": [], "errors": [str(p) for p in err.problems], "warnings": [],
+                              "problems": [p.as_dict() for p in err.problems]}, indent=2))
+            raise typer.Exit(code=err.exit_code) from None
+        from gpushare.cli.common import fail
+
+        raise fail(err, as_json) from None
+
+    if as_json:
+        print(json.dumps(result.as_json(), indent=2))
+    else:
+        from rich.console import Console
+        from rich.markup import escape
+
+        console = Console(highlight=False)
+        assert result.plan is not None
+        console.print(resource_tree(result.plan))
+        kinds = sorted({o.kind for o in result.objects})
+        console.print(f"{len(result.plan.resources)} resources; {len(result.objects)} Kubernetes objects "
+                      f"({', '.join(kinds)}) validated against Kubernetes {', '.join(KUBERNETES_VERSIONS)} "
+                      "(strict) and the CRD schemas in gpushare/data", soft_wrap=True)
+        if result.written and out is not None:
+            console.print(f"wrote {len(result.written)} files under {out}/manifests and {out}/helm-values")
+        for w in result.warnings:
+            console.print(f"[yellow]warning[/]: {escape(w)}", soft_wrap=True)
+        for e in result.errors:
+            console.print(f"[bold red]error[/]: {escape(e)}", soft_wrap=True)
+        if out is not None and not result.ok:
+            console.print("nothing written: the preview has errors")
+        for line in NOT_CHECKED:
+            console.print(f"[dim]{escape(line)}[/]", soft_wrap=True)
+    if not result.ok:
+        raise typer.Exit(code=1)
+
+
+def summary(r: PlannedResource) -> str:
+    """The inputs a reviewer looks at first, per resource type."""
+    i: Any = r.inputs
+    meta = i.get("metadata", {}) if isinstance(i.get("metadata"), dict) else {}
+    where = f"{meta['namespace']}/{meta.get('name')}" if meta.get("namespace") else str(meta.get("name", ""))
+    if r.type == "pulumi:providers:kubernetes":
+        return f"context {i.get('context')}"
+    if r.type.endswith("helm.sh/v3:Release"):
+        return f"chart {i.get('chart')} {i.get('version')} -> {i.get('namespace')}/{i.get('name')}"
+    if r.type.endswith(":NodePatch"):
+        taints = ", ".join(f"{t['key']}={t.get('value', '')}:{t['effect']}"
+                           for t in i.get("spec", {}).get("taints", []))
+        labels = f"node {meta.get('name')}: {len(meta.get('labels', {}))} labels"
+        return f"{labels}, taints {taints}" if taints else labels
+    if r.type.endswith(":ConfigMap"):
+        return f"{where}: {', '.join(sorted(i.get('data', {})))}"
+    if r.type.startswith("kubernetes:"):
+        return f"{i.get('kind', '')} {where}".strip()
+    if r.type.startswith("gcp:container"):
+        node = i.get("nodeConfig", {})
+        acc = node.get("guestAccelerators", [{}])[0]
+        sharing = acc.get("gpuSharingConfig") or {}
+        extra = [f"{sharing['gpuSharingStrategy']} x{sharing['maxSharedClientsPerGpu']}"] if sharing else []
+        if acc.get("gpuPartitionSize"):
+            extra.append(f"MIG {acc['gpuPartitionSize']}")
+        driver = acc.get("gpuDriverInstallationConfig", {}).get("gpuDriverVersion")
+        return (f"{node.get('machineType')} with {acc.get('count')} x {acc.get('type')}"
+                f"{' (' + ', '.join(extra) + ')' if extra else ''}, driver {driver}")
+    if r.type.startswith("aws:eks"):
+        scaling = i.get("scalingConfig", {})
+        return (f"{i.get('amiType')} {', '.join(i.get('instanceTypes', []))}, "
+                f"{scaling.get('minSize')}..{scaling.get('maxSize')} nodes")
+    return ""
+
+
+def resource_tree(plan: Plan) -> Any:
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    tree = Tree(f"[bold]stack {plan.stack}[/] (offline preview)")
+    nodes: dict[str | None, Any] = {None: tree}
+    children: dict[str | None, list[PlannedResource]] = defaultdict(list)
+    urns = {r.urn for r in plan.resources}
+    for r in plan.resources:
+        children[r.parent if r.parent in urns else None].append(r)
+
+    def add(parent: str | None) -> None:
+        by_type: dict[str, int] = defaultdict(int)
+        for r in children.get(parent, []):
+            by_type[r.type] += 1
+            if by_type[r.type] > MAX_SIBLINGS:
+                continue
+            flags = " [magenta](protected)[/]" if r.protect else ""
+            text = summary(r)
+            label = f"[cyan]{escape(r.type)}[/] [bold]{escape(r.name)}[/]{flags}"
+            nodes[r.urn] = nodes[parent].add(label + (f"  [dim]{escape(text)}[/]" if text else ""))
+            add(r.urn)
+        for type_, count in by_type.items():
+            if count > MAX_SIBLINGS:
+                nodes[parent].add(f"[dim]... and {count - MAX_SIBLINGS} more {escape(type_)}[/]")
+
+    add(None)
+    return tree

@@ -1,0 +1,225 @@
+"""`gpushare rollout`: an environment rolled out in canary batches with health gates, resumable, with rollback."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import date
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from gpushare.core.errors import GpushareError, Problem
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+
+    from gpushare.ops.rollout import Journal, Result, RolloutPlan, Step
+
+EXIT_STOPPED = 3  # a manual step (Pulumi without its CLI, a Git revert) is pending: run it, then --resume
+
+
+def rollout_command(
+    env: Annotated[str, typer.Option("--env", "-e", help="Environment name under environments/, or a path.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batches and steps; change nothing.")] = False,
+    batches: Annotated[str, typer.Option("--batches", help="Batch sizes: host counts or shares of all hosts, "
+                                         "the last repeating (as Ansible's serial).")] = "1,50%,100%",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the journal's unfinished rollout; hosts that "
+                                         "passed are not run again.")] = False,
+    rollback: Annotated[bool, typer.Option("--rollback", help="Re-apply the last revision that succeeded to the "
+                                           "hosts that changed since.")] = False,
+    kubeconfig: Annotated[Path | None, typer.Option("--kubeconfig", help="Kubeconfig for cordon, labels and the "
+                                                    "device-plugin gate (kubectl).")] = None,
+    journal_path: Annotated[Path | None, typer.Option("--journal", help="Journal file (default "
+                                                      ".gpushare/rollouts/<env>/journal.jsonl).")] = None,
+    pulumi_confirmed: Annotated[bool, typer.Option("--pulumi-confirmed", help="Without the Pulumi CLI: the printed "
+                                                   "Pulumi commands have been run (for non-interactive runs).")]
+    = False,
+    previous: Annotated[str | None, typer.Option("--previous", help="Git revision the fleet runs now, where the "
+                                                 "journal has no succeeded rollout: its configs are kept until the "
+                                                 "prune step.")] = None,
+    forks: Annotated[int, typer.Option("--forks", min=1, help="Ansible forks per batch.")] = 10,
+    gate_timeout: Annotated[float, typer.Option("--gate-timeout", min=0, help="Seconds to wait for the device "
+                                                "plugin to advertise a node's resources.")] = 300.0,
+    waivers: Annotated[Path | None, typer.Option("--waivers", help="Waivers file for the check "
+                                                 "(default policies/waivers.yaml).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (no progress display).")] = False,
+) -> None:
+    """Roll an environment out: Pulumi adds configs, bare-metal hosts converge batch by batch behind health gates,
+    Pulumi prunes; resumable from the journal, with rollback. Exit 0 done, 1 refused or failed, 2 bad input,
+    3 stopped at a manual step."""
+    from gpushare.cli.common import fail
+    from gpushare.core.files import check_output_file
+    from gpushare.core.resolve import resolve_env
+    from gpushare.ops.rollout import Journal, parse_batches, plan_rollout, state_dir
+
+    try:
+        if resume and rollback:
+            raise GpushareError(Problem("--resume and --rollback together", path="--rollback",
+                                        fix="--resume continues the unfinished rollout or rollback; give one"),
+                                exit_code=2)
+        if kubeconfig is not None and not kubeconfig.exists():
+            raise GpushareError(Problem("file not found", file=str(kubeconfig), path="--kubeconfig",
+                                        fix="give the kubeconfig of the environment's clusters"), exit_code=2)
+        parse_batches(batches)
+        fleet = resolve_env(env)
+        journal = Journal(journal_path or state_dir(fleet.environment) / "journal.jsonl")
+        check_output_file(journal.path, [fleet.source], option="--journal")
+        if not (resume or rollback):
+            _check(env, waivers, as_json, refuse=True)
+        plan = plan_rollout(fleet.source, fleet, journal, batches, kind="rollback" if rollback else "rollout",
+                            resume=resume, kubeconfig=kubeconfig is not None, previous=previous)
+        if rollback:
+            _check(str(plan.env_file), waivers, as_json, refuse=False)
+    except GpushareError as err:
+        raise fail(err, as_json) from None
+
+    if dry_run:
+        if as_json:
+            print(json.dumps(plan.as_dict(), indent=2))
+        else:
+            _print_plan(plan)
+        return
+    if not (plan.done_hosts or any(plan.batches)) and plan.kind == "rollback":
+        _say(as_json, "; ".join(plan.notes))
+        return
+
+    result = _execute(plan, journal, kubeconfig, pulumi_confirmed, forks, gate_timeout, as_json)
+    if as_json:
+        print(json.dumps({"ok": result.status == "succeeded", **plan.as_dict(), **result.as_dict()}, indent=2))
+    else:
+        from rich.console import Console
+
+        console = Console(highlight=False)
+        colour = {"succeeded": "green", "failed": "red", "stopped": "yellow"}[result.status]
+        console.print(f"[{colour}]{plan.kind} {result.status}[/]: ", end="")
+        console.print(result.reason, markup=False, soft_wrap=True)
+        for f in result.failures:
+            console.print(f"  {f.host} ({f.gate}): ", end="", style="red")
+            console.print(f.message, markup=False, soft_wrap=True)
+        console.print(f"journal: {result.journal}", markup=False)
+    if result.status == "failed":
+        raise typer.Exit(code=1)
+    if result.status == "stopped":
+        raise typer.Exit(code=EXIT_STOPPED)
+
+
+def _say(as_json: bool, message: str) -> None:
+    if as_json:
+        print(json.dumps({"ok": True, "message": message}))
+    else:
+        print(message)
+
+
+def _check(env: str, waivers: Path | None, as_json: bool, refuse: bool) -> None:
+    """`gpushare check` (with the offline plan): a rollout of a failing environment refuses to start."""
+    from gpushare.ops.preview import plan_resources
+    from gpushare.policy.rules import context_for, evaluate, load_waivers
+
+    ctx = context_for(env, plan_resources(env))
+    waiver_list, waiver_file = load_waivers(waivers)
+    report = evaluate(ctx, waiver_list, date.today(), waiver_file)
+    if report.ok:
+        return
+    problems = [Problem(f"{v.rule}: {v.message}", path=v.where, fix=v.fix) for v in report.violations
+                if v.level == "mandatory"]
+    if refuse:
+        raise GpushareError([Problem(f"{report.environment} fails `gpushare check`; the rollout does not start",
+                                     fix=f"fix the violations below (gpushare check --env {env})"), *problems],
+                            exit_code=1)
+    print(f"warning: the revision rolled back to fails `gpushare check` now ({len(problems)} mandatory "
+          "violations); rolling back anyway", file=sys.stderr)
+
+
+def _print_plan(plan: RolloutPlan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    dirty = " (uncommitted changes)" if plan.dirty else ""
+    title = f"gpushare {plan.kind}: {plan.environment} at {plan.revision[:12]}{dirty}"
+    table = Table(title=title, show_lines=True)
+    for col in ("#", "step", "what", "hosts / commands"):
+        table.add_column(col, overflow="fold")
+    for i, step in enumerate(plan.steps, 1):
+        d = step.detail
+        if step.step == "batch":
+            done = sorted(set(d["hosts"]) - set(d["run"]))
+            what = f"batch {d['batch']}: site.yml --limit, then gates {', '.join(d['gates'])}"
+            hosts = ", ".join(d["run"]) + (f" (done: {', '.join(done)})" if done else "")
+            table.add_row(str(i), step.step, what, hosts)
+        else:
+            skip = f" [dim](skipped: {d['skip']})[/]" if d.get("skip") else ""
+            table.add_row(str(i), step.step, str(d.get("description", "")) + skip, "\n".join(d.get("commands", [])))
+    console.print(table)
+    for note in plan.notes:
+        console.print(f"note: {note}", markup=False)
+
+
+def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulumi_confirmed: bool, forks: int,
+             gate_timeout: float, as_json: bool) -> Result:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from gpushare.ops import rollout as ro
+
+    err = Console(stderr=True, highlight=False)
+
+    def confirm(step: Step) -> bool:
+        commands = step.detail["commands"]
+        if pulumi_confirmed:
+            err.print(f"{step.step}: confirmed as run (--pulumi-confirmed):", markup=False)
+            for c in commands:
+                err.print(f"  {c}", markup=False)
+            return True
+        err.print(f"{step.step} (the Pulumi CLI is not installed): {step.detail.get('description', '')}. Run:",
+                  markup=False)
+        for c in commands:
+            err.print(f"  {c}", markup=False)
+        if sys.stdin.isatty() and not as_json:
+            return typer.confirm("Done?", default=False, err=True)
+        return False
+
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, disable=as_json, transient=False)
+    host_tasks: dict[str, TaskID] = {}
+    batch_tasks: dict[int, TaskID] = {}
+    host_batch: dict[str, int] = {}
+
+    def on_step(step: Step, status: str) -> None:
+        if as_json or step.step == "check":
+            return
+        err.print(f"{step.step}: {status}", markup=False)
+        if status == "manual":
+            err.print(f"  next, by hand: {step.detail.get('description', '')}", markup=False)
+            for c in step.detail.get("commands", []):
+                err.print(f"    {c}", markup=False)
+
+    def on_batch(index: int, hosts: list[str]) -> None:
+        batch_tasks[index] = progress.add_task(f"batch {index} ({len(hosts)} hosts)", total=len(hosts))
+        for h in hosts:
+            host_batch[h] = index
+            host_tasks[h] = progress.add_task(f"  {h}: starting", total=1)
+
+    def on_host(host: str, status: str) -> None:
+        task = host_tasks.get(host)
+        if task is None:
+            return
+        progress.update(task, description=f"  {host}: {status}")
+        if status in ("passed", "failed"):
+            progress.update(task, completed=1)
+            progress.advance(batch_tasks[host_batch[host]])
+
+    def on_task(host: str, task_name: str) -> None:
+        task = host_tasks.get(host)
+        if task is not None:
+            progress.update(task, description=f"  {host}: {task_name}")
+
+    ansible = ro.AnsibleBackend(journal.path.parent / "logs", forks=forks, kubeconfig=kubeconfig, on_task=on_task)
+    pulumi = ro.PulumiRunner(confirm, on_output=None if as_json else lambda line: err.print(line, markup=False,
+                                                                                           end=""))
+    kube = ro.Kube(kubeconfig) if kubeconfig is not None else None
+    with progress:
+        return ro.execute(plan, journal, ansible, pulumi, kube, ro.Progress(on_step, on_batch, on_host),
+                          gate_timeout=gate_timeout)

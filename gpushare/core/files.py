@@ -1,0 +1,329 @@
+"""Every file gpushare reads or writes goes through here: one loader for the user's YAML files (environments,
+profiles, guardrails, waivers, demand, stack settings) and atomic writers for everything it produces.
+
+Reading: regular files only (a directory, FIFO or device is refused without opening it, so nothing blocks), at
+most MAX_BYTES, UTF-8 with the offending byte named. YAML is read without surprises: `no`, `on`, `2026-02-30` and
+`1:30` stay strings (YAML 1.1's boolean, timestamp and sexagesimal resolvers are dropped; true/false stay
+booleans), integers are decimal (`010` is ten, not eight) and at most MAX_INT_DIGITS long, duplicate keys are
+errors.
+
+Writing: a file is written beside its target and renamed over it; a directory is built beside its target and
+exchanged with it in one step (Linux renameat2 RENAME_EXCHANGE), so at every instant the target holds either the
+whole old or the whole new content. Where the exchange is not available, the old directory is renamed aside
+first; a leftover of that swap is detected and completed by the next write."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import re
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpushare.core.errors import GpushareError, Problem
+
+MAX_BYTES = 4 * 1024 * 1024  # the largest environment shipped is ~6 KB; a 4 MiB limit leaves room for any fleet
+MAX_INT_DIGITS = 18  # every count, quota and id fits; a longer number is a typo or an attack
+
+# ---------------------------------------------------------------- reading
+
+
+def read_text(path: Path, what: str = "file") -> str:
+    """The text of a regular UTF-8 file, or a located error (exit 2: the input cannot be used at all)."""
+    file = str(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise GpushareError(Problem(f"{what} not found", file=file, fix="check the path or the name"),
+                            exit_code=2) from None
+    except NotADirectoryError:
+        raise GpushareError(Problem(f"{what} not found: a parent of this path is a file", file=file,
+                                    fix="check the path"), exit_code=2) from None
+    except PermissionError:
+        raise GpushareError(Problem(f"{what} cannot be read (permission denied)", file=file,
+                                    fix="check the file's permissions"), exit_code=2) from None
+    except OSError as exc:
+        raise GpushareError(Problem(f"{what} cannot be read: {exc.strerror}", file=file, fix="check the path"),
+                            exit_code=2) from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device)"
+        raise GpushareError(Problem(f"{what} is {kind}", file=file, fix=f"name a regular YAML {what}"), exit_code=2)
+    if st.st_size > MAX_BYTES:
+        raise GpushareError(Problem(f"{what} is {st.st_size} bytes, above the limit of {MAX_BYTES}", file=file,
+                                    fix="split it, or check that this is the file you meant"), exit_code=2)
+    try:
+        # O_NONBLOCK: if the path was swapped for a FIFO after the stat, opening still does not hang.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise GpushareError(Problem(f"{what} cannot be read: {exc.strerror}", file=file, fix="check the path"),
+                            exit_code=2) from None
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise GpushareError(Problem(f"{what} is above the limit of {MAX_BYTES} bytes", file=file,
+                                    fix="split it, or check that this is the file you meant"), exit_code=2)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise GpushareError(Problem(
+            f"not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start} cannot be decoded", file=file, line=line,
+            fix="save the file as UTF-8"), exit_code=2) from None
+
+
+_Loader: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+# YAML 1.2 core schema forms (what a reader of the file expects), replacing YAML 1.1's.
+_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_INT = re.compile(r"^[-+]?[0-9]+$")
+_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+                    r"|\.(?:nan|NaN|NAN))$")
+_DROPPED = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+            "tag:yaml.org,2002:timestamp"}
+
+
+class DuplicateKey(Exception):
+    def __init__(self, key: str, line: int) -> None:
+        self.key, self.line = key, line
+
+
+class NumberTooLong(Exception):
+    def __init__(self, text: str, line: int) -> None:
+        self.text, self.line = text, line
+
+
+class StrictLoader(_Loader):
+    """Safe loading (libyaml when present) with YAML 1.2 scalars and no duplicate keys."""
+
+    yaml_implicit_resolvers: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = key_node.value
+            if key in seen:
+                raise DuplicateKey(str(key), key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _resolvers() -> dict[str, list[tuple[str, re.Pattern[str]]]]:
+    out: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
+    for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items():
+        kept = [(tag, rx) for tag, rx in entries if tag not in _DROPPED]
+        if kept:
+            out[first] = kept
+    # Inserted at the front in reverse order of precedence: an int is tried before a float.
+    for tag, rx, firsts in (("tag:yaml.org,2002:float", _FLOAT, "-+0123456789."),
+                            ("tag:yaml.org,2002:int", _INT, "-+0123456789"),
+                            ("tag:yaml.org,2002:bool", _BOOL, "tTfF")):
+        for ch in firsts:
+            out.setdefault(ch, []).insert(0, (tag, rx))
+    return out
+
+
+StrictLoader.yaml_implicit_resolvers = _resolvers()
+
+
+def _construct_int(loader: StrictLoader, node: yaml.ScalarNode) -> int:
+    text = str(node.value)
+    if not _INT.match(text):  # an explicit !!int tag on something else
+        raise yaml.constructor.ConstructorError(None, None, f"{text!r} is not a decimal integer", node.start_mark)
+    if len(text.lstrip("+-")) > MAX_INT_DIGITS:
+        raise NumberTooLong(text, node.start_mark.line + 1)
+    return int(text, 10)
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+StrictLoader.add_constructor("tag:yaml.org,2002:bool", lambda loader, node: node.value in ("true", "True", "TRUE"))
+StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", StrictLoader.construct_yaml_str)
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                             lambda loader, node: loader.construct_mapping(node, deep=True))
+
+
+def parse_yaml(text: str, file: str) -> Any:
+    """One YAML document, or a located error."""
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a safe loader subclass
+    except DuplicateKey as dup:
+        raise GpushareError(Problem(f"key {dup.key!r} appears twice; YAML would keep only the last", file=file,
+                                    line=dup.line, fix="remove one of them")) from None
+    except NumberTooLong as big:
+        shown = big.text if len(big.text) <= 24 else f"{big.text[:12]}...({len(big.text)} digits)"
+        raise GpushareError(Problem(f"number {shown} is longer than {MAX_INT_DIGITS} digits", file=file,
+                                    line=big.line, fix="use a realistic count, or quote it if it is a name")) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise GpushareError(Problem(f"not valid YAML: {getattr(exc, 'problem', None) or exc}", file=file, line=line,
+                                    fix="fix the syntax")) from None
+    except RecursionError:
+        raise GpushareError(Problem("YAML nested too deeply", file=file, fix="flatten the document")) from None
+
+
+def load_yaml_file(path: Path, what: str = "file") -> tuple[str, Any]:
+    """The text and the data of a YAML file; every failure is a located GpushareError."""
+    text = read_text(path, what)
+    return text, parse_yaml(text, str(path))
+
+
+# ---------------------------------------------------------------- checking output paths
+
+
+def check_output_dir(out: Path, inputs: Iterable[Path] = (), option: str = "--out") -> None:
+    """Before any work: the output directory can be created or replaced, and replacing it cannot touch input."""
+    _check_output(out, inputs, option, want_dir=True)
+
+
+def check_output_file(out: Path, inputs: Iterable[Path] = (), option: str = "--out") -> None:
+    """Before any work: the output file can be written, and writing it cannot overwrite an input."""
+    _check_output(out, inputs, option, want_dir=False)
+
+
+def _check_output(out: Path, inputs: Iterable[Path], option: str, want_dir: bool) -> None:
+    file = str(out)
+    if out.exists() or out.is_symlink():
+        if want_dir and not out.is_dir():
+            raise GpushareError(Problem(f"{option} names an existing file, not a directory", file=file,
+                                        fix="name a new or gpushare-written directory"), exit_code=2)
+        if not want_dir and not out.is_file():
+            kind = "a directory" if out.is_dir() else "not a regular file"
+            raise GpushareError(Problem(f"{option} names {kind}", file=file, fix="name a file to write"),
+                                exit_code=2)
+    parent = _existing_parent(out)
+    if not parent.is_dir():
+        raise GpushareError(Problem(f"{option}: {parent} is not a directory", file=file, fix="check the path"),
+                            exit_code=2)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise GpushareError(Problem(f"{option}: {parent} is not writable", file=file,
+                                    fix="choose a path you can write"), exit_code=2)
+    target = out.resolve()
+    for source in inputs:
+        src = source.resolve()
+        if target == src or (want_dir and src.is_relative_to(target)):
+            raise GpushareError(Problem(f"{option} would replace input {source}", file=file,
+                                        fix="write the output somewhere else, e.g. build/"), exit_code=2)
+        if src.is_dir() and target.is_relative_to(src):
+            raise GpushareError(Problem(f"{option} lies inside the input directory {source}", file=file,
+                                        fix="write the output outside it, e.g. build/"), exit_code=2)
+
+
+def _existing_parent(path: Path) -> Path:
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent
+
+
+# ---------------------------------------------------------------- writing atomically
+
+
+def write_file(path: Path, text: str | bytes) -> None:
+    """Write beside the target and rename over it: readers see the whole old or the whole new file."""
+    write_with(path, lambda tmp: tmp.write_bytes(text if isinstance(text, bytes) else text.encode()))
+
+
+class _Unwritable(GpushareError):
+    def __init__(self, path: Path, exc: OSError) -> None:
+        super().__init__(Problem(f"cannot write: {exc.strerror or exc}", file=str(path),
+                                 fix="choose a path on a writable file system, e.g. build/"), exit_code=2)
+
+
+def write_with(path: Path, produce: Callable[[Path], object]) -> None:
+    """Let `produce` write a temporary file beside `path` (e.g. matplotlib's savefig), then rename it over `path`."""
+    try:
+        _write_with(path, produce)
+    except OSError as exc:
+        raise _Unwritable(path, exc) from None
+
+
+def _write_with(path: Path, produce: Callable[[Path], object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        produce(tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        mode = stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0o644
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2); False where the system cannot."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _aside(target: Path) -> Path:
+    return target.with_name(f".{target.name}.gpushare-old")
+
+
+def complete_swap(target: Path) -> None:
+    """Finish a directory swap that was interrupted between its two renames (the fallback path)."""
+    old = _aside(target)
+    if old.exists():
+        if target.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.rename(target)  # the new tree never arrived: the old one comes back
+
+
+def replace_dir(fill: Callable[[Path], None], target: Path) -> None:
+    """Build a directory beside `target` with `fill`, then put it in place of `target` in one step."""
+    try:
+        _replace_dir(fill, target)
+    except OSError as exc:
+        raise _Unwritable(target, exc) from None
+
+
+def _replace_dir(fill: Callable[[Path], None], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    complete_swap(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        fill(tmp)
+        os.chmod(tmp, 0o755)
+        if not target.exists():
+            tmp.rename(target)
+            return
+        if _exchange(tmp, target):
+            shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old tree
+            return
+        old = _aside(target)
+        target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        complete_swap(target)
+        raise

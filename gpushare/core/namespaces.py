@@ -1,0 +1,36 @@
+"""Tenant namespaces: the labels gpushare puts on them (trust, tenant, priority, Pod Security) and the names
+the admission policies read. One place for both, so the tenancy objects and the policies cannot disagree."""
+
+from __future__ import annotations
+
+TENANT_LABEL = "gpushare.io/tenant"
+TRUST_LABEL = "gpushare.io/trust"
+PRIORITY_LABEL = "gpushare.io/priority"
+TRUSTED = "trusted"
+PRIORITY_CLASSES = {"online": "gpushare-online", "batch": "gpushare-batch"}
+SHARED_TAINT_KEY = "gpushare.io/shared-gpu"
+POD_SECURITY_PREFIX = "pod-security.kubernetes.io/"
+POD_SECURITY_MODES = ("enforce", "audit", "warn")
+# DRA: a namespace with this label may create claims with adminAccess, which reach devices other pods hold.
+DRA_ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+
+
+def pod_security_labels(level: str, kubernetes_version: str) -> dict[str, str]:
+    """Pod Security Admission labels: one level for enforce, audit and warn, pinned to the cluster's minor so an
+    upgrade does not change what is admitted unseen."""
+    version = f"v{kubernetes_version}"
+    out: dict[str, str] = {}
+    for mode in POD_SECURITY_MODES:
+        out[f"{POD_SECURITY_PREFIX}{mode}"] = level
+        out[f"{POD_SECURITY_PREFIX}{mode}-version"] = version
+    return out
+
+
+def tenant_namespace_labels(tenant: str, trust: str, priority: str, pod_security: str,
+                            kubernetes_version: str) -> dict[str, str]:
+    """The labels the tenancy component puts on a tenant namespace, which the policies above read. Never DRA's
+    admin-access label."""
+    return {TENANT_LABEL: tenant, TRUST_LABEL: trust, PRIORITY_LABEL: priority,
+            **pod_security_labels(pod_security, kubernetes_version)}

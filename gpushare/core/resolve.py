@@ -1,0 +1,706 @@
+"""Environment + profiles -> the resolved fleet: what every node and every GPU becomes.
+
+Consumers (renderers, the Pulumi program, the Ansible inventory, the CLI) read this model and never
+re-derive GPU geometry or sharing semantics themselves."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gpushare.core import spec
+from gpushare.core.catalog import GpuModel, load_catalog
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.mig import check_layout, layout_counts, layout_from_counts, parse_layout
+from gpushare.core.paths import default_profiles_dir, environment_path
+
+Owner = Literal["pulumi", "ansible"]
+
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+OPERATOR_MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_CONFIG_LABEL = "gpushare.io/mig-config"
+MIG_STATE_LABEL = "gpushare.io/mig-config.state"
+# Set by Ansible with the other labels it owns, after its toolkit role installed this version: evidence for promotion.
+TOOLKIT_VERSION_LABEL = "gpushare.io/toolkit-version"
+MIG_DISABLED = "all-disabled"
+# GKE's own plugin advertises shared and whole GPUs alike as nvidia.com/gpu: only trusted tenants tolerate this.
+SHARED_GPU_TAINT = spec.Taint(key="gpushare.io/shared-gpu", value="true", effect="NoSchedule")
+
+
+@dataclass(frozen=True)
+class Label:
+    value: str
+    owner: Owner
+
+
+@dataclass
+class ResolvedNode:
+    name: str
+    pool: str
+    cluster: str
+    cluster_kind: str
+    managed_by: Literal["ansible", "gpu-operator", "gke"]
+    address: str | None
+    count: int  # 1 for a bare-metal host; the node count of a cloud node pool
+    gpu_model: GpuModel
+    gpus_per_node: int
+    driver_branch: int
+    profile: str
+    sharing: str
+    isolation: str
+    mig_layout: dict[str, int] | None  # per GPU; None when MIG is off
+    mig_config: str | None  # mig-parted config name; None on GPUs without MIG
+    device_plugin_config: str | None  # None where GKE's own plugin serves the node
+    labels: dict[str, Label]
+    taints: list[spec.Taint]
+    advertised: dict[str, int]  # per node
+    hardware_units: int  # per node
+    nvswitch: bool = False
+    containerd_version: str = ""
+    toolkit_version: str = ""
+
+    @property
+    def physical_gpus(self) -> int:
+        return self.gpus_per_node
+
+    def labels_owned_by(self, owner: Owner) -> dict[str, str]:
+        return {k: v.value for k, v in self.labels.items() if v.owner == owner}
+
+
+@dataclass
+class Totals:
+    physical_gpus: int = 0
+    hardware_units: int = 0
+    advertised: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def advertised_total(self) -> int:
+        return sum(self.advertised.values())
+
+    @property
+    def oversubscription(self) -> float:
+        return round(self.advertised_total / self.hardware_units, 3) if self.hardware_units else 0.0
+
+    def add(self, gpus: int, units: int, advertised: dict[str, int]) -> None:
+        self.physical_gpus += gpus
+        self.hardware_units += units
+        for name, n in advertised.items():
+            self.advertised[name] = self.advertised.get(name, 0) + n
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "physical_gpus": self.physical_gpus,
+            "hardware_units": self.hardware_units,
+            "advertised": dict(sorted(self.advertised.items())),
+            "advertised_total": self.advertised_total,
+            "oversubscription": self.oversubscription,
+        }
+
+
+@dataclass
+class ResolvedPool:
+    name: str
+    cluster: str
+    cluster_kind: str
+    purpose: str
+    profile: str
+    sharing: str
+    isolation: str
+    cloud: spec.CloudNodes | None
+    nodes: list[ResolvedNode]
+    totals: Totals
+
+
+@dataclass
+class ResolvedTenant:
+    name: str
+    namespace: str
+    trust: str
+    priority: str
+    clusters: list[str]
+    quota: dict[str, int]
+    borrowing_limit: dict[str, int]
+    pod_security: str  # the Pod Security level enforced on the tenant's namespace
+
+
+@dataclass
+class DevicePluginConfig:
+    name: str
+    cluster: str
+    content: dict[str, Any]
+
+
+@dataclass
+class ResolvedFleet:
+    environment: str
+    source: Path
+    env: spec.Environment
+    profiles: dict[str, Any]
+    clusters: dict[str, spec.Cluster]
+    pools: list[ResolvedPool]
+    tenants: list[ResolvedTenant]
+    mig_configs: dict[str, dict[str, dict[str, int]]]  # config name -> GPU model name -> layout
+    device_plugin_configs: dict[str, DevicePluginConfig]
+    totals: Totals
+    cluster_totals: dict[str, Totals]
+    warnings: list[str]
+
+    @property
+    def nodes(self) -> list[ResolvedNode]:
+        return [n for p in self.pools for n in p.nodes]
+
+    def pool(self, name: str) -> ResolvedPool:
+        return next(p for p in self.pools if p.name == name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "environment": self.environment,
+            "source": str(self.source),
+            "totals": self.totals.as_dict(),
+            "clusters": {
+                name: {"kind": c.kind, "mig_strategy": c.mig_strategy, "cdi": c.cdi,
+                       **self.cluster_totals[name].as_dict()}
+                for name, c in self.clusters.items()
+            },
+            "pools": [
+                {
+                    "name": p.name, "cluster": p.cluster, "cluster_kind": p.cluster_kind, "purpose": p.purpose,
+                    "profile": p.profile, "sharing": p.sharing, "isolation": p.isolation, **p.totals.as_dict(),
+                    "nodes": [_node_dict(n) for n in p.nodes],
+                }
+                for p in self.pools
+            ],
+            "tenants": [t.__dict__ for t in self.tenants],
+            "mig_configs": self.mig_configs,
+            "device_plugin_configs": {k: {"cluster": v.cluster, "content": v.content}
+                                      for k, v in self.device_plugin_configs.items()},
+            "warnings": self.warnings,
+        }
+
+
+def _node_dict(n: ResolvedNode) -> dict[str, Any]:
+    return {
+        "name": n.name, "address": n.address, "count": n.count, "managed_by": n.managed_by,
+        "gpu_model": n.gpu_model.name, "gpus_per_node": n.gpus_per_node, "driver_branch": n.driver_branch,
+        "profile": n.profile, "sharing": n.sharing, "isolation": n.isolation, "mig_layout": n.mig_layout,
+        "mig_config": n.mig_config, "device_plugin_config": n.device_plugin_config,
+        "labels": {k: {"value": v.value, "owner": v.owner} for k, v in sorted(n.labels.items())},
+        "taints": [t.model_dump() for t in n.taints],
+        "advertised": n.advertised, "hardware_units": n.hardware_units,
+    }
+
+
+# ---------------------------------------------------------------- resolution
+
+
+class _Resolver:
+    def __init__(self, env: spec.Environment, doc: spec.Located, profiles: dict[str, tuple[Any, spec.Located]]):
+        self.env = env
+        self.doc = doc
+        self.profiles = profiles
+        self.catalog = load_catalog()
+        self.problems: list[Problem] = []
+        self.warnings: list[str] = []
+        self._layout_cache: dict[tuple[str, str, int], tuple[dict[str, int] | None, list[Problem], list[str]]] = {}
+        self._model_cache: dict[str, GpuModel | GpushareError] = {}
+        self.mig_configs: dict[str, dict[str, dict[str, int]]] = {}
+        self.dp_configs: dict[str, DevicePluginConfig] = {}
+        # Clusters with a pool that failed to resolve: what they advertise is unknown, so quota checks wait.
+        self.incomplete_clusters: set[str] = set()
+
+    def err(self, loc: tuple[Any, ...], message: str, fix: str | None = None) -> None:
+        self.problems.append(self.doc.problem(loc, message, fix))
+
+    def model(self, query: str, loc: tuple[Any, ...]) -> GpuModel | None:
+        found = self._model_cache.get(query)
+        if found is None:
+            try:
+                found = self.catalog.lookup(query)
+            except GpushareError as exc:
+                found = exc
+            self._model_cache[query] = found
+        if isinstance(found, GpushareError):
+            self.err(loc, "; ".join(p.message for p in found.problems),
+                     fix="use an NVML product name, alias or PCI id from `gpushare mig profiles` / the catalog")
+            return None
+        return found
+
+    # -- profile -> per-model layout
+
+    def layout_for(self, profile: Any, model: GpuModel, driver: int, loc: tuple[Any, ...]
+                   ) -> tuple[dict[str, int] | None, bool]:
+        key = (profile.name, model.name, driver)
+        if key not in self._layout_cache:
+            self._layout_cache[key] = self._compute_layout(profile, model, driver)
+        layout, problems, warnings = self._layout_cache[key]
+        for p in problems:
+            self.err(loc, p.message, p.fix)
+        for w in warnings:
+            if w not in self.warnings:
+                self.warnings.append(w)
+        return layout, not problems
+
+    def _compute_layout(self, profile: Any, model: GpuModel, driver: int
+                        ) -> tuple[dict[str, int] | None, list[Problem], list[str]]:
+        if profile.kind not in ("mig", "mig-time-slicing"):
+            return None, [], []
+        if not model.mig_capable:
+            return None, [Problem(f"profile {profile.name!r} uses MIG but {model.name} has no MIG",
+                                  fix="use a time-slicing, MPS or exclusive profile for this GPU")], []
+        mig: spec.MigSpec = profile.mig
+        counts: dict[str, int] | None = None
+        if mig.layout is not None:
+            counts = generic_layout(model, mig.layout)
+        else:
+            assert mig.layouts is not None
+            for key, text in mig.layouts.items():
+                try:
+                    target = self.catalog.lookup(key)
+                except GpushareError:
+                    continue  # reported once by check_profiles
+                if target.name == model.name:
+                    try:
+                        counts = layout_counts(parse_layout(text))
+                    except GpushareError as exc:
+                        return None, [Problem(f"profile {profile.name!r}: {exc.problems[0].message}")], []
+                    break
+        if counts is None:
+            return None, [Problem(
+                f"profile {profile.name!r} has no layout for {model.name}",
+                fix=f"add mig.layouts[{model.name!r}] to the profile, or use a model-agnostic layout "
+                    "(balanced, all-smallest, whole)")], []
+        check = check_layout(model, layout_from_counts(counts), driver)
+        problems = [Problem(f"profile {profile.name!r} on {model.name} (driver R{driver}): {e}",
+                            fix="change the profile's layout; `gpushare mig validate` shows valid ones")
+                    for e in check.errors]
+        warnings = [f"{model.name}: {w}" for w in check.warnings]
+        return (counts if check.ok else None), problems, warnings
+
+    # -- device-plugin and mig-parted configs
+
+    def device_plugin_config(self, profile: Any, cluster: spec.Cluster, layout: dict[str, int] | None) -> str:
+        content = device_plugin_content(profile, cluster, layout)
+        name = f"{profile.name}-{device_plugin_digest(content)}"
+        self.dp_configs.setdefault(name, DevicePluginConfig(name=name, cluster=cluster.name, content=content))
+        return name
+
+    def mig_config(self, profile: Any, model: GpuModel, layout: dict[str, int] | None) -> str:
+        if layout is None:
+            return MIG_DISABLED
+        digest = hashlib.sha256(json.dumps([model.name, sorted(layout.items())]).encode()).hexdigest()[:6]
+        name = f"{profile.name}-{model.slug}-{digest}"[:63]
+        self.mig_configs.setdefault(name, {})[model.name] = dict(layout)
+        return name
+
+    # -- the walk
+
+    def run(self, source: Path) -> ResolvedFleet:
+        env = self.env
+        clusters: dict[str, spec.Cluster] = {}
+        for i, c in enumerate(env.clusters):
+            if c.name in clusters:
+                self.err(("clusters", i, "name"), f"cluster {c.name!r} is defined twice", "rename one")
+            clusters[c.name] = c
+
+        pools: list[ResolvedPool] = []
+        seen_pools: set[str] = set()
+        host_names: dict[str, str] = {}
+        addresses: dict[str, str] = {}
+        for pi, pool in enumerate(env.pools):
+            ploc: tuple[Any, ...] = ("pools", pi)
+            if pool.name in seen_pools:
+                self.err((*ploc, "name"), f"pool {pool.name!r} is defined twice", "rename one")
+            seen_pools.add(pool.name)
+            cluster = clusters.get(pool.cluster)
+            if cluster is None:
+                self.err((*ploc, "cluster"), f"pool {pool.name!r} names unknown cluster {pool.cluster!r}",
+                         f"use one of: {', '.join(clusters)}")
+                continue
+            for hi, host in enumerate(pool.hosts):
+                hloc = (*ploc, "hosts", hi)
+                if host.name in host_names:
+                    other = host_names[host.name]
+                    where = "twice in this pool" if other == pool.name else f"in pools {other!r} and {pool.name!r}"
+                    self.err((*hloc, "name"), f"host {host.name!r} is listed {where}",
+                             "a host belongs to exactly one pool: remove the duplicate")
+                else:
+                    host_names[host.name] = pool.name
+                if host.address in addresses and addresses[host.address] != host.name:
+                    self.err((*hloc, "address"),
+                             f"address {host.address} of host {host.name!r} is also host "
+                             f"{addresses[host.address]!r}'s", "give each host its own address")
+                addresses.setdefault(host.address, host.name)
+            before = len(self.problems)
+            resolved = self.pool(pool, ploc, cluster)
+            if resolved is not None:
+                pools.append(resolved)
+            if len(self.problems) > before:
+                self.incomplete_clusters.add(cluster.name)
+
+        tenants = self.tenants(clusters, pools)
+        if self.problems:
+            raise GpushareError(self.problems)
+
+        totals = Totals()
+        cluster_totals = {name: Totals() for name in clusters}
+        for p in pools:
+            totals.add(p.totals.physical_gpus, p.totals.hardware_units, p.totals.advertised)
+            cluster_totals[p.cluster].add(p.totals.physical_gpus, p.totals.hardware_units, p.totals.advertised)
+        return ResolvedFleet(
+            environment=env.name, source=source, env=env,
+            profiles={k: v[0] for k, v in self.profiles.items()}, clusters=clusters, pools=pools,
+            tenants=tenants, mig_configs=self.mig_configs, device_plugin_configs=self.dp_configs,
+            totals=totals, cluster_totals=cluster_totals, warnings=self.warnings,
+        )
+
+    def pool(self, pool: spec.Pool, ploc: tuple[Any, ...], cluster: spec.Cluster) -> ResolvedPool | None:
+        is_cloud = cluster.kind in ("gke", "eks")
+        if is_cloud and pool.cloud is None:
+            self.err((*ploc, "hosts"), f"pool {pool.name!r} is in {cluster.kind} cluster {cluster.name!r} "
+                     "but lists bare-metal hosts", "bare-metal hosts cannot join a cloud cluster: give the "
+                     "pool a 'cloud' block or move it to a bare-metal cluster")
+            return None
+        if not is_cloud and pool.cloud is not None:
+            self.err((*ploc, "cloud"), f"pool {pool.name!r} has a cloud block but cluster {cluster.name!r} is "
+                     "bare metal", "list 'hosts' instead, or move the pool to a gke/eks cluster")
+            return None
+        if pool.cloud is not None and cluster.kind == "eks" and pool.cloud.sharing == "gke-managed":
+            self.err((*ploc, "cloud", "sharing"), "EKS has no GPU sharing of its own",
+                     "set sharing: operator (the GPU Operator shares the GPUs)")
+            return None
+
+        nodes: list[ResolvedNode] = []
+        if pool.cloud is not None:
+            assert pool.gpu_model is not None
+            node = self.node(pool, ploc, cluster, name=f"{pool.name}-node", address=None,
+                             count=pool.cloud.node_count, model_query=pool.gpu_model,
+                             model_loc=(*ploc, "gpu_model"), gpus=pool.cloud.gpus_per_node,
+                             driver=pool.cloud.driver_branch or self.env.defaults.driver_branch,
+                             profile_name=pool.profile, profile_loc=(*ploc, "profile"),
+                             nvswitch=False, containerd=self.env.defaults.containerd_version)
+            if node:
+                nodes.append(node)
+        for hi, host in enumerate(pool.hosts):
+            hloc = (*ploc, "hosts", hi)
+            query = host.gpu_model or pool.gpu_model
+            if query is None:
+                self.err((*hloc, "gpu_model"), f"host {host.name!r} has no GPU model",
+                         "set gpu_model on the host or on its pool")
+                continue
+            node = self.node(
+                pool, ploc, cluster, name=host.name, address=host.address, count=1, model_query=query,
+                model_loc=(*hloc, "gpu_model") if host.gpu_model else (*ploc, "gpu_model"), gpus=host.gpu_count,
+                driver=host.driver_branch or self.env.defaults.driver_branch,
+                profile_name=host.profile or pool.profile,
+                profile_loc=(*hloc, "profile") if host.profile else (*ploc, "profile"),
+                nvswitch=host.nvswitch, containerd=host.containerd_version or self.env.defaults.containerd_version,
+            )
+            if node:
+                nodes.append(node)
+        if not nodes:
+            return None
+        totals = Totals()
+        for n in nodes:
+            totals.add(n.gpus_per_node * n.count, n.hardware_units * n.count,
+                       {k: v * n.count for k, v in n.advertised.items()})
+        profile = self.profiles[pool.profile][0] if pool.profile in self.profiles else None
+        sharing = profile.kind if profile else nodes[0].sharing
+        isolations = {n.isolation for n in nodes}
+        return ResolvedPool(
+            name=pool.name, cluster=cluster.name, cluster_kind=cluster.kind, purpose=pool.purpose,
+            profile=pool.profile, sharing=sharing,
+            isolation=isolations.pop() if len(isolations) == 1 else "mixed",
+            cloud=pool.cloud, nodes=nodes, totals=totals,
+        )
+
+    def node(self, pool: spec.Pool, ploc: tuple[Any, ...], cluster: spec.Cluster, *, name: str,
+             address: str | None, count: int, model_query: str, model_loc: tuple[Any, ...], gpus: int,
+             driver: int, profile_name: str, profile_loc: tuple[Any, ...], nvswitch: bool, containerd: str,
+             ) -> ResolvedNode | None:
+        model = self.model(model_query, model_loc)
+        entry = self.profiles.get(profile_name)
+        if entry is None:
+            self.err(profile_loc, f"unknown sharing profile {profile_name!r}",
+                     f"use one of: {', '.join(sorted(self.profiles))}, or add profiles/{profile_name}.yaml")
+            return None
+        if model is None:
+            return None
+        profile = entry[0]
+        kind = profile.kind
+        layout, ok = self.layout_for(profile, model, driver, profile_loc)
+        if not ok:
+            return None
+
+        gke_managed = pool.cloud is not None and cluster.kind == "gke" and pool.cloud.sharing == "gke-managed"
+        if kind == "mps" and cluster.mig_strategy == "mixed" and not gke_managed:
+            self.err(profile_loc, f"MPS profile {profile_name!r} in cluster {cluster.name!r}, whose mig_strategy "
+                     "is mixed: the device plugin refuses MPS with the mixed strategy",
+                     "set the cluster's mig_strategy to single, or use time-slicing here")
+            return None
+        if layout is not None and len(layout) > 1 and (cluster.mig_strategy == "single" or gke_managed):
+            why = ("GKE's own sharing takes one partition size per pool" if gke_managed else
+                   f"cluster {cluster.name!r} uses mig_strategy single, which needs one profile per node")
+            self.err(profile_loc, f"profile {profile_name!r} gives {model.name} several MIG profiles "
+                     f"({', '.join(layout)}) but {why}",
+                     "use a single-profile layout (e.g. all-smallest), or sharing: operator with mig_strategy mixed")
+            return None
+
+        per_gpu, units = advertised_per_gpu(profile, layout, cluster, gke_managed)
+        advertised = {k: v * gpus for k, v in per_gpu.items()}
+        managed_by: Literal["ansible", "gpu-operator", "gke"] = (
+            "gke" if gke_managed else "gpu-operator" if pool.cloud is not None else "ansible")
+        mig_config = self.mig_config(profile, model, layout) if model.mig_capable else None
+        dp_config = None if gke_managed else self.device_plugin_config(profile, cluster, layout)
+
+        env_name = self.env.name
+        labels: dict[str, Label] = {
+            "gpushare.io/environment": Label(env_name, "pulumi"),
+            "gpushare.io/pool": Label(pool.name, "pulumi"),
+            "gpushare.io/profile": Label(profile.name, "pulumi"),
+            "gpushare.io/sharing": Label(kind, "pulumi"),
+            "gpushare.io/isolation": Label(spec.ISOLATION[kind], "pulumi"),
+            "gpushare.io/gpu-model": Label(model.slug, "pulumi"),
+        }
+        for key, value in pool.labels.items():
+            labels[key] = Label(value, "pulumi")
+        if managed_by == "ansible":
+            if dp_config:
+                labels[DEVICE_PLUGIN_CONFIG_LABEL] = Label(dp_config, "ansible")
+            if mig_config:
+                labels[MIG_CONFIG_LABEL] = Label(mig_config, "ansible")
+                labels[MIG_STATE_LABEL] = Label("success", "ansible")
+            labels[TOOLKIT_VERSION_LABEL] = Label(self.env.defaults.toolkit_version, "ansible")
+        elif managed_by == "gpu-operator":
+            if dp_config:
+                labels[DEVICE_PLUGIN_CONFIG_LABEL] = Label(dp_config, "pulumi")
+            if mig_config:
+                labels[OPERATOR_MIG_CONFIG_LABEL] = Label(mig_config, "pulumi")
+            if cluster.kind == "gke":
+                labels["gke-no-default-nvidia-gpu-device-plugin"] = Label("true", "pulumi")
+            else:  # EKS NVIDIA AMIs bring their own driver and toolkit
+                labels["nvidia.com/gpu.deploy.driver"] = Label("false", "pulumi")
+                labels["nvidia.com/gpu.deploy.container-toolkit"] = Label("false", "pulumi")
+        else:
+            labels["nvidia.com/gpu.deploy.operands"] = Label("false", "pulumi")
+
+        taints = list(pool.taints)
+        if gke_managed and kind in ("time-slicing", "mps", "mig-time-slicing") and SHARED_GPU_TAINT not in taints:
+            taints.append(SHARED_GPU_TAINT)
+
+        return ResolvedNode(
+            name=name, pool=pool.name, cluster=cluster.name, cluster_kind=cluster.kind, managed_by=managed_by,
+            address=address, count=count, gpu_model=model, gpus_per_node=gpus, driver_branch=driver,
+            profile=profile.name, sharing=kind, isolation=spec.ISOLATION[kind], mig_layout=layout,
+            mig_config=mig_config, device_plugin_config=dp_config, labels=labels, taints=taints,
+            advertised=advertised, hardware_units=units * gpus, nvswitch=nvswitch,
+            containerd_version=containerd, toolkit_version=self.env.defaults.toolkit_version,
+        )
+
+    def tenants(self, clusters: dict[str, spec.Cluster], pools: list[ResolvedPool]) -> list[ResolvedTenant]:
+        advertised_by_cluster: dict[str, set[str]] = {c: set() for c in clusters}
+        for p in pools:
+            advertised_by_cluster[p.cluster].update(p.totals.advertised)
+        out: list[ResolvedTenant] = []
+        names: set[str] = set()
+        namespaces: set[str] = set()
+        for ti, t in enumerate(self.env.tenants):
+            tloc: tuple[Any, ...] = ("tenants", ti)
+            if t.name in names:
+                self.err((*tloc, "name"), f"tenant {t.name!r} is defined twice", "rename one")
+            if t.namespace in namespaces:
+                self.err((*tloc, "namespace"), f"namespace {t.namespace!r} belongs to two tenants",
+                         "give each tenant its own namespace")
+            names.add(t.name)
+            namespaces.add(t.namespace)
+            used = t.clusters if t.clusters is not None else list(clusters)
+            for ci, c in enumerate(used):
+                if c not in clusters:
+                    self.err((*tloc, "clusters", ci), f"tenant {t.name!r} names unknown cluster {c!r}",
+                             f"use one of: {', '.join(clusters)}")
+            available = set().union(*(advertised_by_cluster.get(c, set()) for c in used)) if used else set()
+            complete = not self.incomplete_clusters & set(used)
+            for resource in t.quota:
+                if complete and resource not in available:
+                    self.err((*tloc, "quota", resource),
+                             f"tenant {t.name!r} has a quota on {resource}, which no pool in "
+                             f"{', '.join(used)} advertises",
+                             f"use an advertised resource: {', '.join(sorted(available)) or '(none)'}")
+            for resource in t.borrowing_limit:
+                if resource not in t.quota:
+                    self.err((*tloc, "borrowing_limit", resource),
+                             f"tenant {t.name!r} may borrow {resource} but has no quota on it",
+                             "add the resource to quota (0 is allowed) or remove the borrowing limit")
+            out.append(ResolvedTenant(name=t.name, namespace=t.namespace, trust=t.trust, priority=t.priority,
+                                      clusters=used, quota=dict(t.quota), borrowing_limit=dict(t.borrowing_limit),
+                                      pod_security=t.pod_security_level))
+        return out
+
+
+def device_plugin_digest(content: dict[str, Any]) -> str:
+    """The content hash that ends a device-plugin config's name: a changed config is a new name."""
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:8]
+
+
+# Operands that Ansible provides itself on the hosts it manages: driver, toolkit, MIG (mig-parted's systemd unit)
+# and the DCGM host engine (read by a separate hostNetwork exporter).
+HOST_STACK_OPT_OUTS = ("driver", "container-toolkit", "mig-manager", "dcgm-exporter")
+
+
+def host_opt_outs(nodes: Iterable[ResolvedNode]) -> dict[str, dict[str, str]]:
+    """GPU Operator opt-out labels (set by Pulumi) per Ansible-managed host of one cluster. Needed only where the
+    cluster also has operator-managed nodes: an all-Ansible cluster turns those operands off in the operator's
+    values instead, and the operator's mig-manager would otherwise apply all-disabled to the hosts."""
+    members = list(nodes)
+    if not any(n.managed_by == "gpu-operator" for n in members):
+        return {}
+    return {n.name: {f"nvidia.com/gpu.deploy.{operand}": "false" for operand in HOST_STACK_OPT_OUTS}
+            for n in members if n.managed_by == "ansible"}
+
+
+def generic_layout(model: GpuModel, form: str) -> dict[str, int]:
+    """Model-agnostic layouts, resolved per GPU model from its plain (no +me/-me/+gfx) profiles."""
+    plain = [p for p in model.profiles.values() if "+" not in p.name and "-" not in p.name]
+    if form == "whole":
+        full = max(plain, key=lambda p: (p.compute_slices, p.memory_slices))
+        return {full.name: 1}
+    ones = sorted((p for p in plain if p.compute_slices == 1), key=lambda p: p.memory_slices)
+    smallest = ones[0]
+    if form == "all-smallest":
+        count = min(smallest.max_count, model.placement_units_total // smallest.memory_slices,
+                    model.compute_slices_total)
+        return {smallest.name: count}
+    # balanced: one 3g and one 2g where the model has them, the rest in the smallest 1g (NVIDIA's all-balanced)
+    layout: dict[str, int] = {}
+    compute, memory = model.compute_slices_total, model.placement_units_total
+    for slices in (3, 2):
+        candidates = sorted((p for p in plain if p.compute_slices == slices), key=lambda p: p.memory_slices)
+        if candidates and candidates[0].compute_slices < compute:
+            layout[candidates[0].name] = 1
+            compute -= candidates[0].compute_slices
+            memory -= candidates[0].memory_slices
+    fill = min(compute, memory // smallest.memory_slices, smallest.max_count)
+    if fill:
+        layout[smallest.name] = fill
+    return layout
+
+
+def advertised_per_gpu(profile: Any, layout: dict[str, int] | None, cluster: spec.Cluster, gke_managed: bool
+                       ) -> tuple[dict[str, int], int]:
+    """Resource names and counts one GPU advertises, exactly as the device plugin names them, and its hardware
+    units (a whole GPU or one MIG instance is one unit)."""
+    kind = profile.kind
+    if layout is None:
+        units = 1
+        if kind == "exclusive":
+            return {"nvidia.com/gpu": 1}, units
+        block = profile.time_slicing if kind == "time-slicing" else profile.mps
+        shared = block.rename_by_default and not gke_managed
+        return {"nvidia.com/gpu.shared" if shared else "nvidia.com/gpu": block.replicas}, units
+    units = sum(layout.values())
+    replicas = profile.time_slicing.replicas if kind == "mig-time-slicing" else 1
+    suffix = ".shared" if kind == "mig-time-slicing" and profile.time_slicing.rename_by_default and not gke_managed \
+        else ""
+    out: dict[str, int] = {}
+    for name, count in layout.items():
+        if cluster.mig_strategy == "single" or gke_managed:
+            resource = f"nvidia.com/gpu{suffix}"
+        else:
+            resource = f"nvidia.com/mig-{name.replace('+', '.')}{suffix}"
+        out[resource] = out.get(resource, 0) + count * replicas
+    return out, units
+
+
+def device_plugin_content(profile: Any, cluster: spec.Cluster, layout: dict[str, int] | None) -> dict[str, Any]:
+    """The k8s-device-plugin config file (version v1). The GPU Operator overrides migStrategy and the device list
+    strategy through env vars; we write the same values it will set so the file never disagrees with them."""
+    strategy = ["cdi-annotations", "cdi-cri"] if cluster.cdi else ["volume-mounts"]
+    content: dict[str, Any] = {
+        "version": "v1",
+        "flags": {
+            "migStrategy": cluster.mig_strategy,
+            "failOnInitError": True,
+            "plugin": {"deviceListStrategy": strategy, "deviceIDStrategy": "uuid"},
+        },
+    }
+    kind = profile.kind
+    if kind in ("time-slicing", "mig-time-slicing"):
+        ts = profile.time_slicing
+        if layout is not None and cluster.mig_strategy == "mixed":
+            names = [f"nvidia.com/mig-{p.replace('+', '.')}" for p in layout]
+        else:
+            names = ["nvidia.com/gpu"]
+        content["sharing"] = {"timeSlicing": {
+            "renameByDefault": ts.rename_by_default,
+            "failRequestsGreaterThanOne": ts.fail_requests_greater_than_one,
+            "resources": [{"name": n, "replicas": ts.replicas} for n in names],
+        }}
+    elif kind == "mps":
+        content["sharing"] = {"mps": {
+            "renameByDefault": profile.mps.rename_by_default,
+            "resources": [{"name": "nvidia.com/gpu", "replicas": profile.mps.replicas}],
+        }}
+    return content
+
+
+def load_profiles(directory: Path, env: spec.Environment, doc: spec.Located) -> dict[str, tuple[Any, spec.Located]]:
+    found: dict[str, tuple[Any, spec.Located]] = {}
+    problems: list[Problem] = []
+    for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
+        try:
+            profile, pdoc = spec.load_profile_file(path)
+        except GpushareError as exc:
+            problems.extend(exc.problems)
+            continue
+        found[profile.name] = (profile, pdoc)
+    for i, profile in enumerate(env.profiles):
+        if profile.name in found:
+            problems.append(doc.problem(("profiles", i, "name"),
+                                        f"profile {profile.name!r} is also defined in {found[profile.name][1].file}",
+                                        "rename the environment's own profile"))
+        found[profile.name] = (profile, doc.at("profiles", i))
+    if problems:
+        raise GpushareError(problems)
+    _check_profile_models(found)
+    return found
+
+
+def _check_profile_models(profiles: dict[str, tuple[Any, spec.Located]]) -> None:
+    """Keys of explicit per-model layouts must be GPU models the catalog knows."""
+    catalog = load_catalog()
+    problems = []
+    for profile, pdoc in profiles.values():
+        layouts = getattr(getattr(profile, "mig", None), "layouts", None) or {}
+        for key in layouts:
+            try:
+                catalog.lookup(key)
+            except GpushareError as exc:
+                problems.append(pdoc.problem(("mig", "layouts", key), exc.problems[0].message,
+                                             "key layouts by NVML product name, alias or PCI id"))
+    if problems:
+        raise GpushareError(problems)
+
+
+def resolve(env_file: Path, profiles_dir: Path | None = None) -> ResolvedFleet:
+    env, doc = spec.load_environment(env_file)
+    profiles = load_profiles(profiles_dir or default_profiles_dir(env_file), env, doc)
+    resolver = _Resolver(env, doc, profiles)
+    stem = environment_stem(env_file)
+    if env.name != stem:
+        # Guardrail limits follow the environment the CLI or the stack names (the file), never `name:` alone.
+        resolver.err(("name",), f"environment name {env.name!r} differs from its file name {env_file.name!r}",
+                     f"rename the file to {env.name}.yaml or set name: {stem}")
+    return resolver.run(env_file)
+
+
+def environment_stem(env_file: Path) -> str:
+    """The environment a file is, by its name: `environments/prod.yaml` is prod, whatever it says inside."""
+    return env_file.name.removesuffix(".yaml").removesuffix(".yml")
+
+
+def resolve_env(env: str, profiles_dir: Path | None = None) -> ResolvedFleet:
+    return resolve(environment_path(env), profiles_dir)
+

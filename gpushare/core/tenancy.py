@@ -1,0 +1,265 @@
+"""Tenancy and queueing from the resolved fleet: per cluster, the tenant namespaces with their GPU quotas and
+host defaults, priority classes, and Kueue flavors, cluster queues in one cohort, and local queues.
+
+One source of numbers: a tenant's quota in the environment file is its Kueue nominalQuota; its namespace
+ResourceQuota is nominal plus the borrowing limit, so workloads Kueue admits on borrowed quota are not then
+rejected by the API server. Tenant namespaces carry the tenant's Pod Security level (enforce, audit, warn) pinned to
+the cluster's Kubernetes minor. Every GPU resource the cluster advertises appears in every tenant's ResourceQuota
+(0 where the tenant has none): a resource missing from a quota would be unlimited."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.guardrails import Guardrails
+from gpushare.core.namespaces import PRIORITY_CLASSES, tenant_namespace_labels
+from gpushare.core.resolve import ResolvedFleet, ResolvedPool, ResolvedTenant
+
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+COHORT = "gpushare"
+SPARE = "-spare"  # not a valid tenant name, so it cannot collide
+SPARE_QUEUE = "gpushare-unassigned"
+LOCAL_QUEUE = "gpushare"
+QUOTA_NAME = "gpushare-gpu-quota"
+LIMIT_RANGE_NAME = "gpushare-host-defaults"
+MANAGED = {"app.kubernetes.io/managed-by": "gpushare"}
+_ISOLATION_ORDER = {"hardware": 0, "memory-partitioned": 1, "none": 2, "mixed": 3}
+
+
+@dataclass
+class Flavor:
+    """A Kueue ResourceFlavor: one pool's nodes, with the pool's taints tolerated by the workloads it admits."""
+
+    name: str
+    pool: ResolvedPool
+    resources: dict[str, int]  # advertised resource -> count in this pool
+
+
+@dataclass
+class TenantShare:
+    """What a tenant gets in one cluster, per resource: guaranteed (nominal) and borrowable on top."""
+
+    tenant: ResolvedTenant
+    nominal: dict[str, int]
+    borrowable: dict[str, int]
+
+    @property
+    def quota_limit(self) -> dict[str, int]:
+        return {r: self.nominal.get(r, 0) + self.borrowable.get(r, 0) for r in self.nominal}
+
+
+@dataclass
+class ClusterTenancy:
+    cluster: str
+    flavors: list[Flavor]
+    shares: list[TenantShare]
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    over_capacity: list[Problem] = field(default_factory=list)  # guaranteed quota above what the pools advertise
+
+
+def _flavors(pools: list[ResolvedPool]) -> list[Flavor]:
+    ordered = sorted(pools, key=lambda p: (_ISOLATION_ORDER.get(p.isolation, 9), p.name))
+    return [Flavor(name=p.name, pool=p, resources=dict(p.totals.advertised)) for p in ordered]
+
+
+def _groups(flavors: list[Flavor]) -> list[tuple[list[str], list[Flavor]]]:
+    """Kueue: a resource sits in exactly one resource group, and every flavor of a group lists all its resources.
+    Group resources that share a flavor (connected components of the resource-flavor graph)."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for f in flavors:
+        names = list(f.resources)
+        for other in names[1:]:
+            parent[find(other)] = find(names[0])
+        find(names[0])
+    groups: dict[str, tuple[list[str], list[Flavor]]] = {}
+    for f in flavors:
+        root = find(next(iter(f.resources)))
+        resources, members = groups.setdefault(root, ([], []))
+        members.append(f)
+        for r in f.resources:
+            if r not in resources:
+                resources.append(r)
+    return [(sorted(r), m) for r, m in groups.values()]
+
+
+def _shares(fleet: ResolvedFleet, cluster: str, flavors: list[Flavor]) -> list[TenantShare]:
+    isolated = {r for f in flavors if f.pool.isolation == "hardware" for r in f.resources}
+    advertised = {r for f in flavors for r in f.resources}
+    out = []
+    for t in fleet.tenants:
+        if cluster not in t.clusters:
+            continue
+        nominal = {r: 0 for r in sorted(advertised)}
+        borrowable = {r: 0 for r in sorted(advertised)}
+        for r, n in t.quota.items():
+            if r in advertised and (t.trust == "trusted" or r in isolated):
+                nominal[r] = n
+                borrowable[r] = t.borrowing_limit.get(r, 0)
+        out.append(TenantShare(tenant=t, nominal=nominal, borrowable=borrowable))
+    return out
+
+
+Placement = dict[str, dict[tuple[str, str], tuple[int, int]]]  # tenant -> (flavor, resource) -> (nominal, borrow)
+
+
+def _place_quota(flavors: list[Flavor], shares: list[TenantShare]) -> Placement:
+    """Spread each tenant's nominal quota over the flavors offering the resource, most isolated first, within
+    what each flavor has left; the borrowing limit sits with the tenant's first flavor for that resource.
+    What no tenant is guaranteed goes to the spare queue."""
+    left = {(f.name, r): n for f in flavors for r, n in f.resources.items()}
+    offering = {r: [f.name for f in flavors if r in f.resources] for f in flavors for r in f.resources}
+    out: Placement = {}
+    for share in shares:
+        mine = out.setdefault(share.tenant.name, {})
+        for r, wanted in share.nominal.items():
+            names = offering.get(r, [])
+            if not names:
+                continue
+            for i, name in enumerate(names):
+                take = wanted if i == len(names) - 1 else min(wanted, left[(name, r)])
+                if take or i == 0:
+                    borrow = share.borrowable.get(r, 0) if i == 0 else 0
+                    mine[(name, r)] = (take, borrow)
+                left[(name, r)] -= take
+                wanted -= take
+                if not wanted:
+                    break
+    out[SPARE] = {key: (max(n, 0), 0) for key, n in left.items()}
+    return out
+
+
+def _cluster_queue(name: str, groups: list[tuple[list[str], list[Flavor]]],
+                   quota: dict[tuple[str, str], tuple[int, int]], labels: dict[str, str],
+                   namespace_selector: dict[str, Any] | None) -> dict[str, Any]:
+    resource_groups = []
+    for resources, members in groups:
+        flavor_specs = []
+        for f in members:
+            entries = []
+            for r in resources:
+                nominal, borrow = quota.get((f.name, r), (0, 0))
+                # borrowingLimit 0 is explicit: left out, Kueue would let the queue borrow without limit.
+                entries.append({"name": r, "nominalQuota": nominal, "borrowingLimit": borrow})
+            flavor_specs.append({"name": f.name, "resources": entries})
+        resource_groups.append({"coveredResources": resources, "flavors": flavor_specs})
+    spec: dict[str, Any] = {"cohortName": COHORT}
+    if namespace_selector is not None:
+        spec["namespaceSelector"] = namespace_selector
+    return {
+        "apiVersion": KUEUE_API, "kind": "ClusterQueue",
+        "metadata": {"name": name, "labels": {**MANAGED, **labels}},
+        "spec": {
+            **spec,
+            "queueingStrategy": "BestEffortFIFO",
+            # Online work takes back lent GPUs; within a queue, higher priority goes first.
+            "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority",
+                           "borrowWithinCohort": {"policy": "Never"}},
+            "resourceGroups": resource_groups,
+        },
+    }
+
+
+def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) -> ClusterTenancy:
+    pools = [p for p in fleet.pools if p.cluster == cluster]
+    flavors = _flavors(pools)
+    shares = _shares(fleet, cluster, flavors)
+    result = ClusterTenancy(cluster=cluster, flavors=flavors, shares=shares)
+    kubernetes_version = fleet.clusters[cluster].kubernetes_version
+    objects = result.objects
+    policy = guardrails.tenancy
+
+    for priority, name in PRIORITY_CLASSES.items():
+        pc = policy.priority_classes[priority]  # type: ignore[index]
+        description = f"gpushare {priority} work" + (" (queued; never preempts)" if priority == "batch" else "")
+        objects.append({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                        "metadata": {"name": name, "labels": MANAGED}, "value": pc.value,
+                        "preemptionPolicy": pc.preemption_policy, "globalDefault": False,
+                        "description": description})
+        objects.append({"apiVersion": KUEUE_API, "kind": "WorkloadPriorityClass",
+                        "metadata": {"name": name, "labels": MANAGED}, "value": pc.value,
+                        "description": description})
+
+    for f in flavors:
+        spec: dict[str, Any] = {"nodeLabels": {"gpushare.io/pool": f.pool.name}}
+        taints = {(t.key, t.value, t.effect) for n in f.pool.nodes for t in n.taints}
+        if taints:
+            spec["tolerations"] = [{"key": k, "operator": "Equal", "value": v, "effect": e}
+                                   for k, v, e in sorted(taints)]
+        objects.append({"apiVersion": KUEUE_API, "kind": "ResourceFlavor",
+                        "metadata": {"name": f.name, "labels": MANAGED}, "spec": spec})
+
+    groups = _groups(flavors)
+    placement = _place_quota(flavors, shares)
+    for share in shares:
+        t = share.tenant
+        objects.append(_cluster_queue(f"tenant-{t.name}", groups, placement.get(t.name, {}),
+                                      {"gpushare.io/tenant": t.name}, {"matchLabels": {"gpushare.io/tenant": t.name}}))
+        labels = {**MANAGED, **tenant_namespace_labels(t.name, t.trust, t.priority, t.pod_security,
+                                                       kubernetes_version)}
+        objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": t.namespace, "labels": labels}})
+        objects.append({"apiVersion": "v1", "kind": "ResourceQuota",
+                        "metadata": {"name": QUOTA_NAME, "namespace": t.namespace, "labels": MANAGED},
+                        "spec": {"hard": {f"requests.{r}": str(n) for r, n in share.quota_limit.items()}}})
+        d = policy.container_defaults
+        objects.append({"apiVersion": "v1", "kind": "LimitRange",
+                        "metadata": {"name": LIMIT_RANGE_NAME, "namespace": t.namespace, "labels": MANAGED},
+                        "spec": {"limits": [{"type": "Container",
+                                             "defaultRequest": {"cpu": d.request.cpu, "memory": d.request.memory},
+                                             "default": {"cpu": d.limit.cpu, "memory": d.limit.memory},
+                                             "max": {"cpu": d.max.cpu, "memory": d.max.memory}}]}})
+        objects.append({"apiVersion": KUEUE_API, "kind": "LocalQueue",
+                        "metadata": {"name": LOCAL_QUEUE, "namespace": t.namespace, "labels": MANAGED},
+                        "spec": {"clusterQueue": f"tenant-{t.name}"}})
+
+    spare = placement.get(SPARE, {})
+    if any(q for q, _ in spare.values()):
+        # Capacity no tenant is guaranteed still belongs to the cohort, so tenants can borrow it.
+        # No namespaceSelector: Kueue then admits from no namespace at all; the queue only lends.
+        objects.append(_cluster_queue(SPARE_QUEUE, groups, spare, {}, None))
+    result.over_capacity = _over_capacity(fleet, cluster, flavors, shares)
+    limits = guardrails.environments.get(fleet.environment)
+    if limits is None or limits.quota_above_capacity == "warning":
+        result.warnings.extend(p.message for p in result.over_capacity)
+    return result
+
+
+def _over_capacity(fleet: ResolvedFleet, cluster: str, flavors: list[Flavor], shares: list[TenantShare]
+                   ) -> list[Problem]:
+    """Tenants guaranteed more of a resource than the cluster advertises, located at the first such quota."""
+    capacity = {r: sum(f.resources.get(r, 0) for f in flavors) for r in {r for f in flavors for r in f.resources}}
+    problems: list[Problem] = []
+    for r, total in sorted(capacity.items()):
+        guaranteed = sum(s.nominal.get(r, 0) for s in shares)
+        if guaranteed <= total:
+            continue
+        who = ", ".join(f"{s.tenant.name} {s.nominal[r]}" for s in shares if s.nominal.get(r))
+        first = next(s.tenant.name for s in shares if s.nominal.get(r))
+        index = next(i for i, t in enumerate(fleet.env.tenants) if t.name == first)
+        problems.append(Problem(
+            f"cluster {cluster}: tenants are guaranteed {guaranteed} {r} ({who}) but the pools advertise {total}",
+            file=str(fleet.source), path=f"tenants[{index}].quota.{r}",
+            fix=f"lower the tenants' quota of {r} to {total} in all, or add GPUs to the cluster"))
+    return problems
+
+
+def fleet_tenancy(fleet: ResolvedFleet, guardrails: Guardrails, refuse: bool = True) -> dict[str, ClusterTenancy]:
+    """Every cluster's tenancy. With `refuse`, quota above capacity is an error where guardrails.yaml says so for
+    this environment (quota_above_capacity: error); the guardrail rule reports it either way."""
+    result = {c: cluster_tenancy(fleet, c, guardrails) for c in fleet.clusters}
+    limits = guardrails.environments.get(fleet.environment)
+    if refuse and limits is not None and limits.quota_above_capacity == "error":
+        problems = [p for ct in result.values() for p in ct.over_capacity]
+        if problems:
+            raise GpushareError([Problem(p.message, file=p.file, path=p.path,
+                                         fix=f"{p.fix} ({fleet.environment} refuses more: quota_above_capacity in "
+                                             "policies/guardrails.yaml)") for p in problems])
+    return result

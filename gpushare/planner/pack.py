@@ -1,0 +1,571 @@
+"""`gpushare pack`: from workload demand to per-GPU layouts, time-slicing and MPS replicas and pool sizes, with
+the fewest GPUs (or the least cost), a proven lower bound and the gap to it.
+
+Sharing rules the plan keeps (DESIGN.md, README.md):
+- a MIG instance or an exclusive whole GPU runs one replica, and is the only place for an untrusted or a
+  latency-sensitive (latency: high) replica;
+- time-slicing (a whole GPU, or every MIG instance of a GPU under mig-time-slicing) gives no memory isolation: the
+  memory of the replicas on one unit must fit its memory and their compute shares add up to at most the demand's
+  compute_budget of the unit's compute; only trusted, latency: low replicas;
+- MPS gives each of its `replicas` clients 1/replicas of memory and SMs; never on MIG; never beside time-slicing
+  (a GPU has one profile); trusted, latency medium or low;
+- a unit's replicas stay within max_shared_replicas (the demand's, and with --env the guardrails' for the unit's
+  memory class); with --env the planned fleet's oversubscription (advertised / hardware units) stays within the
+  environment's max_oversubscription, only allowed profiles are used, inferred MIG placements are avoided where
+  the environment requires exact ones, and the target cluster's mig_strategy decides between MPS (single) and
+  multi-profile MIG layouts (mixed).
+
+The model and the solver live in pack_model.py and pack_solve.py; this module builds the problem from the
+files, checks the plan independently of the solver, and turns it into JSON, tables and an environment section.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpushare.core.catalog import Catalog
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.mig import check_layout, layout_from_counts
+from gpushare.core.spec import Located
+from gpushare.planner.demand import Demand, GpuSupply, load_demand
+from gpushare.planner.model import EPS, GpuConfig, Limits, PackProblem, UnitKind, build_problem, with_replicas
+from gpushare.planner.solve import Infeasible, Progress, SolveResult, solve
+
+HOST_GPUS = 8  # GPUs per planned host in --env-out
+PURPOSE = {"online": "inference", "batch": "batch", "dev": "development"}
+
+
+@dataclass
+class PlannedUnit:
+    kind: UnitKind
+    replicas: list[tuple[int, int]]  # (workload index, replica number)
+
+
+@dataclass
+class PlannedGpu:
+    config: GpuConfig
+    units: list[PlannedUnit]
+    profile: str = ""  # the sharing profile's name in the environment section
+
+
+@dataclass
+class PackPlan:
+    problem: PackProblem
+    gpus: list[PlannedGpu]
+    objective: float
+    lower_bound: float
+    lp_value: float
+    proven_optimal: bool
+    converged: bool
+    method: str
+    seconds: float
+    stats: dict[str, Any]
+    new_profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------ figures
+
+    @property
+    def demand(self) -> Demand:
+        return self.problem.demand
+
+    @property
+    def gpus_used(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def baseline_gpus(self) -> int:
+        """One whole GPU per workload replica."""
+        return self.problem.total_replicas
+
+    @property
+    def gap(self) -> float:
+        return self.objective / self.lower_bound - 1.0 if self.lower_bound > 0 else 0.0
+
+    @property
+    def optimal(self) -> bool:
+        return self.proven_optimal or self.objective <= self.lower_bound + 1e-6
+
+    def utilization(self) -> dict[str, float]:
+        workloads = self.demand.workloads
+        memory = sum(w.memory_gib * w.replicas for w in workloads)
+        compute = sum(w.compute * w.replicas for w in workloads)
+        gpu_memory = sum(g.config.model.memory_gib for g in self.gpus)
+        used = max(1, self.gpus_used)
+        return {
+            "compute": round(compute / used, 4),
+            "memory": round(memory / gpu_memory, 4) if gpu_memory else 0.0,
+            "baseline_compute": round(compute / max(1, self.baseline_gpus), 4),
+        }
+
+    def oversubscription(self) -> float:
+        units = sum(g.config.hardware_units for g in self.gpus)
+        return round(sum(g.config.advertised for g in self.gpus) / units, 3) if units else 0.0
+
+    # ------------------------------------------------------------ output
+
+    def assignments(self) -> list[dict[str, Any]]:
+        workloads = self.demand.workloads
+        out: list[dict[str, Any]] = []
+        for g, gpu in enumerate(self.gpus):
+            for u, unit in enumerate(gpu.units):
+                for w, replica in unit.replicas:
+                    out.append({
+                        "workload": workloads[w].name, "replica": replica, "tenant": workloads[w].tenant,
+                        "gpu": g, "model": gpu.config.model.name, "unit": u,
+                        "mig_profile": unit.kind.profile, "sharing": unit.kind.sharing,
+                        "unit_replicas": unit.kind.replicas, "shared_with": len(unit.replicas) - 1,
+                    })
+        out.sort(key=lambda a: (a["workload"], a["replica"]))
+        return out
+
+    def gpu_documents(self) -> list[dict[str, Any]]:
+        workloads = self.demand.workloads
+        docs: list[dict[str, Any]] = []
+        for g, gpu in enumerate(self.gpus):
+            units: list[dict[str, Any]] = []
+            for unit in gpu.units:
+                names = [f"{workloads[w].name}/{r}" for w, r in unit.replicas]
+                units.append({
+                    "mig_profile": unit.kind.profile, "sharing": unit.kind.sharing, "replicas": unit.kind.replicas,
+                    "memory_gib": unit.kind.memory_gib,
+                    "memory_used_gib": round(sum(workloads[w].memory_gib for w, _ in unit.replicas), 3),
+                    "compute_used": round(sum(workloads[w].compute for w, _ in unit.replicas), 4),
+                    "workloads": names,
+                })
+            docs.append({
+                "index": g, "model": gpu.config.model.name, "profile": gpu.profile, "sharing": gpu.config.kind,
+                "layout": gpu.config.layout_dict, "replicas": gpu.config.replicas,
+                "advertised": gpu.config.advertised, "hardware_units": gpu.config.hardware_units,
+                "workloads": [n for unit in units for n in unit["workloads"]], "units": units,
+            })
+        return docs
+
+    def pools(self) -> list[dict[str, Any]]:
+        """GPUs grouped by model and profile: what becomes one pool."""
+        groups: dict[tuple[Any, ...], list[PlannedGpu]] = {}
+        for gpu in self.gpus:
+            groups.setdefault(gpu.config.key, []).append(gpu)
+        out: list[dict[str, Any]] = []
+        for members in groups.values():
+            config = members[0].config
+            kinds = Counter(self.demand.workloads[w].kind for gpu in members for unit in gpu.units
+                            for w, _ in unit.replicas)
+            out.append({
+                "model": config.model.name, "profile": members[0].profile, "sharing": config.kind,
+                "layout": config.layout_dict, "replicas": config.replicas, "gpus": len(members),
+                "workload_replicas": sum(len(unit.replicas) for gpu in members for unit in gpu.units),
+                "purpose": PURPOSE[kinds.most_common(1)[0][0]] if kinds else "inference",
+                "workloads": sorted({self.demand.workloads[w].name for gpu in members for unit in gpu.units
+                                     for w, _ in unit.replicas}),
+            })
+        out.sort(key=lambda p: (str(p["model"]), -int(p["gpus"]), str(p["profile"])))
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "objective": self.demand.objective,
+            "gpus_used": self.gpus_used,
+            "cost": round(self.objective, 6),
+            "lower_bound": self.lower_bound,
+            "gap": round(self.gap, 6),
+            "optimal": self.optimal,
+            "baseline_gpus": self.baseline_gpus,
+            "lp_value": round(self.lp_value, 6),
+            "utilization": self.utilization(),
+            "oversubscription": self.oversubscription(),
+            "max_oversubscription": self.problem.max_oversubscription,
+            "environment": self.problem.environment,
+            "gpus_by_model": dict(Counter(g.config.model.name for g in self.gpus)),
+            "solve": {"seconds": round(self.seconds, 3), "method": self.method, "converged": self.converged,
+                      **self.stats},
+            "pools": self.pools(),
+            "assignments": self.assignments(),
+            "gpus": self.gpu_documents(),
+            "notes": self.problem.notes,
+            "warnings": self.problem.warnings,
+        }
+
+
+# ---------------------------------------------------------------- building the problem from the files
+
+
+def _project_profiles() -> dict[str, Any]:
+    from gpushare.core.paths import project_root
+    from gpushare.core.spec import load_profile_file
+
+    directory = project_root() / "profiles"
+    found = {}
+    for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
+        profile, _ = load_profile_file(path)
+        found[profile.name] = profile
+    return found
+
+
+def environment_limits(env: str | None) -> Limits:
+    """What `--env` allows: guardrails, the target cluster, allowed profiles, tenants' trust."""
+    if env is None:
+        return Limits(profiles=_project_profiles())
+    from gpushare.core.guardrails import load_guardrails
+    from gpushare.core.resolve import resolve_env
+
+    fleet = resolve_env(env)
+    rails = load_guardrails()
+    name = fleet.environment
+    limits = rails.environment(name)
+    clusters = list(fleet.clusters.values())
+    cluster = next((c for c in clusters if c.kind == "bare-metal"), clusters[0])
+    notes = [f"pools go to cluster {cluster.name} (mig_strategy {cluster.mig_strategy})"]
+    if cluster.mig_strategy == "mixed":
+        notes.append(f"MPS is not planned: the device plugin refuses MPS under mig_strategy mixed ({cluster.name})")
+    else:
+        notes.append(f"MIG layouts have one profile each: mig_strategy single ({cluster.name})")
+    if "*" not in limits.allowed_profiles:
+        notes.append(f"only the profiles {name} allows: {', '.join(limits.allowed_profiles)}")
+    if limits.require_exact_mig_placements:
+        notes.append("MIG only on GPU models with exact placements (require_exact_mig_placements)")
+    return Limits(
+        environment=name,
+        max_oversubscription=limits.max_oversubscription,
+        replicas_by_memory=lambda memory: rails.max_shared_replicas(name, memory),
+        allowed_profiles=None if "*" in limits.allowed_profiles else limits.allows_profile,
+        exact_placements_only=limits.require_exact_mig_placements,
+        driver_branch=fleet.env.defaults.driver_branch,
+        mps_allowed=cluster.mig_strategy == "single",
+        multi_profile_mig=cluster.mig_strategy == "mixed",
+        tenant_untrusted=frozenset(t.name for t in fleet.tenants if t.trust == "untrusted"),
+        cluster=cluster,
+        profiles=dict(fleet.profiles),
+        notes=notes,
+    )
+
+
+def plan_demand(demand: Demand, doc: Located | None = None, *, env: str | None = None,
+                gpus: list[GpuSupply] | None = None, time_limit: float = 60.0,
+                progress: Progress | None = None) -> PackPlan:
+    """The plan for a demand. `gpus` (from --gpus) replaces the demand's GPU list; a model it names keeps the
+    cost the demand file gives it."""
+    supply = demand.gpus
+    from_option = gpus is not None
+    if gpus is not None:
+        costs = {s.model: s.cost for s in demand.gpus}
+        supply = [GpuSupply(model=s.model, count=s.count, cost=costs.get(s.model, s.cost)) for s in gpus]
+    if not supply:
+        raise GpushareError(Problem("no GPU models to plan with", file=doc.file if doc else None, path="gpus",
+                                    fix='list them under gpus: in the demand file, or pass --gpus "MODEL=COUNT,..."'))
+
+    def supply_problem(i: int, catalog: Catalog | None, message: str | None = None) -> Problem:
+        query = supply[i].model
+        if message is None:
+            assert catalog is not None
+            try:
+                catalog.lookup(query)
+                message = f"unknown GPU {query!r}"
+            except GpushareError as exc:
+                message = exc.problems[0].message
+        fix = "use an NVML name, alias, slug or PCI id (`gpushare mig profiles --gpu ...` lists MIG models)"
+        if from_option or doc is None:
+            return Problem(message, path=f"--gpus[{i}]", fix=fix)
+        return doc.problem(("gpus", i, "model"), message, fix)
+
+    def workload_problem(i: int, message: str) -> Problem:
+        name = demand.workloads[i].name
+        fix = "lower memory_gib or compute, add a larger GPU model, or relax trust/latency where that is safe"
+        text = f"workload {name!r} cannot be served: {message}"
+        if doc is None:
+            return Problem(text, path=f"workloads[{i}]", fix=fix)
+        return doc.problem(("workloads", i), text, fix)
+
+    import time
+
+    start = time.monotonic()
+    limits = environment_limits(env)
+    problem = build_problem(demand, supply, limits, supply_problem, workload_problem)
+    # The solver's phases end within its limit; what is left covers this wrapper's checks and output.
+    budget = max(0.5, time_limit - (time.monotonic() - start) - 0.03 * time_limit)
+    try:
+        result = solve(problem, budget, progress)
+    except Infeasible as exc:
+        counts = ", ".join(f"{name}={s.count}" for name, s in problem.supply.items() if s.count is not None)
+        if exc.proven:
+            message = (f"the available GPUs ({counts}) cannot serve all {problem.total_replicas} workload "
+                       "replicas, even with every allowed way of sharing them")
+        else:
+            message = (f"no plan within the available GPUs ({counts}) was found in {time_limit:g} s for "
+                       f"{problem.total_replicas} workload replicas")
+        raise GpushareError(Problem(
+            message, file=doc.file if doc and not from_option else None, path="--gpus" if from_option else "gpus",
+            fix="raise the counts, add a GPU model, leave a count out for as many as needed, or allow more time "
+                "(--time-limit)")) from None
+    plan = _plan(problem, result)
+    violations = check_plan(plan)
+    if violations:  # the solver and this check are independent; a disagreement is a bug, never a plan
+        raise RuntimeError("gpushare pack produced a plan that breaks its rules: " + "; ".join(violations[:5]))
+    return plan
+
+
+def plan_file(path: Path, **options: Any) -> PackPlan:
+    demand, doc = load_demand(path)
+    return plan_demand(demand, doc, **options)
+
+
+def _plan(problem: PackProblem, result: SolveResult) -> PackPlan:
+    # Each item type's replicas, handed out in workload order.
+    queues: list[list[tuple[int, int]]] = []
+    for item in problem.items:
+        queue = []
+        for w, count in item.members:
+            queue += [(w, r) for r in range(count)]
+        queues.append(queue[::-1])
+    gpus = []
+    for gpu in result.gpus:
+        config = problem.configs[gpu.config]
+        units = [PlannedUnit(problem.units[slot.kind], [queues[i].pop() for i in slot.items]) for slot in gpu.slots]
+        gpus.append(PlannedGpu(config, units))
+    gpus.sort(key=lambda g: (g.config.model.name, g.config.kind, g.config.layout or (), g.config.replicas))
+    if any(queues):
+        raise RuntimeError("gpushare pack left workload replicas unplaced")
+    lower = result.lower_bound
+    if problem.demand.objective == "gpus":
+        lower = max(0.0, math.ceil(lower - 1e-6 * max(1.0, abs(lower))))
+    else:
+        lower = max(0.0, math.floor(lower * 1e6) / 1e6)
+    lower = min(lower, result.objective)
+    plan = PackPlan(problem, gpus, result.objective, lower, result.lp_value, result.proven_optimal,
+                    result.converged, result.method, float(result.stats.get("seconds", 0.0)), result.stats)
+    if problem.restricted_profiles is False:
+        _fewer_replicas(plan)
+    name_profiles(plan)
+    return plan
+
+
+def _fewer_replicas(plan: PackPlan) -> None:
+    """Each pool of shared GPUs advertises only as many replicas per unit as its fullest unit holds (at least
+    2): fewer resources for pods the plan did not place, a lower oversubscription, larger MPS shares."""
+    groups: dict[tuple[Any, ...], list[PlannedGpu]] = {}
+    for gpu in plan.gpus:
+        if gpu.config.replicas > 1:
+            groups.setdefault(gpu.config.key, []).append(gpu)
+    for members in groups.values():
+        config = members[0].config
+        used = max(2, max(len(unit.replicas) for gpu in members for unit in gpu.units))
+        if used >= config.replicas:
+            continue
+        smaller = with_replicas(plan.problem, config, used)
+        kinds = [plan.problem.units[u] for u, count in smaller.units for _ in range(count)]
+        for gpu in members:
+            gpu.config = smaller
+            for unit, kind in zip(gpu.units, kinds, strict=True):
+                unit.kind = kind
+
+
+# ---------------------------------------------------------------- an independent check of the plan
+
+
+def check_plan(plan: PackPlan) -> list[str]:
+    """Every rule, checked from the workloads and the catalog, not from the solver's own bookkeeping."""
+    problem = plan.problem
+    demand = problem.demand
+    workloads = demand.workloads
+    driver = problem.driver_branch
+    out: list[str] = []
+    seen: Counter[tuple[int, int]] = Counter()
+    per_model: Counter[str] = Counter()
+    for g, gpu in enumerate(plan.gpus):
+        config = gpu.config
+        model = config.model
+        per_model[model.name] += 1
+        expected = [u for u, c in config.units for _ in range(c)]
+        if [unit.kind.index for unit in gpu.units] != expected:
+            out.append(f"GPU {g}: its units do not match its configuration")
+        if config.layout is not None:
+            check = check_layout(model, layout_from_counts(config.layout_dict), driver)
+            if not check.ok:
+                out.append(f"GPU {g}: MIG layout {config.label} fails the exact check: {'; '.join(check.errors)}")
+        elif config.kind in ("mig", "mig-time-slicing"):
+            out.append(f"GPU {g}: {config.kind} without a layout")
+        for u, unit in enumerate(gpu.units):
+            kind = unit.kind
+            where = f"GPU {g} unit {u} ({kind.label} on {model.name})"
+            if len(unit.replicas) > kind.replicas:
+                out.append(f"{where}: {len(unit.replicas)} replicas, more than {kind.replicas}")
+            if kind.sharing != "exclusive":
+                limit = demand.max_shared_replicas
+                if problem.environment is not None:
+                    from gpushare.core.guardrails import load_guardrails
+
+                    limit = min(limit, load_guardrails().max_shared_replicas(problem.environment, kind.memory_gib))
+                if kind.replicas > limit:
+                    out.append(f"{where}: {kind.replicas} shared replicas, above the limit {limit}")
+            memory = sum(workloads[w].memory_gib for w, _ in unit.replicas)
+            compute = sum(workloads[w].compute for w, _ in unit.replicas)
+            for w, r in unit.replicas:
+                seen[(w, r)] += 1
+                wl = workloads[w]
+                own = problem.untrusted[w] or problem.latency[w] == "high"
+                if own and kind.sharing != "exclusive":
+                    out.append(f"{where}: {wl.name} needs a unit of its own but shares by {kind.sharing}")
+                if problem.latency[w] == "medium" and kind.sharing == "time-slicing":
+                    out.append(f"{where}: {wl.name} (latency medium) is time-sliced")
+                if wl.memory_gib > kind.item_memory_gib + EPS or wl.compute > kind.item_compute + EPS:
+                    out.append(f"{where}: {wl.name} needs more than one replica's share")
+            if kind.sharing == "exclusive" and len(unit.replicas) > 1:
+                out.append(f"{where}: an exclusive unit holds {len(unit.replicas)} replicas")
+            if kind.sharing == "time-slicing":
+                if memory > kind.memory_gib + 1e-6:
+                    out.append(f"{where}: {memory:g} GiB on {kind.memory_gib:g} GiB")
+                if compute > kind.sum_compute + 1e-6:
+                    out.append(f"{where}: compute {compute:g} above {kind.sum_compute:g}")
+        if problem.environment is not None:
+            allowed = _allowed(problem)
+            if allowed is not None and not (gpu.profile and allowed(gpu.profile)):
+                out.append(f"GPU {g}: profile {gpu.profile!r} is not allowed in {problem.environment}")
+    for (w, r), count in seen.items():
+        if count != 1:
+            out.append(f"{workloads[w].name}/{r} is placed {count} times")
+    missing = sum(wl.replicas for wl in workloads) - len(seen)
+    if missing:
+        out.append(f"{missing} workload replicas are not placed")
+    for name, count in per_model.items():
+        supply = problem.supply[name]
+        if supply.count is not None and count > supply.count:
+            out.append(f"{count} GPUs of {name}, only {supply.count} available")
+    if problem.max_oversubscription is not None and plan.gpus:
+        advertised = sum(g.config.advertised for g in plan.gpus)
+        units = sum(g.config.hardware_units for g in plan.gpus)
+        if advertised > problem.max_oversubscription * units + 1e-9:
+            out.append(f"oversubscription {advertised}/{units} above {problem.max_oversubscription}")
+    return out
+
+
+def _allowed(problem: PackProblem) -> Any:
+    from gpushare.core.guardrails import load_guardrails
+
+    assert problem.environment is not None
+    limits = load_guardrails().environment(problem.environment)
+    return None if "*" in limits.allowed_profiles else limits.allows_profile
+
+
+# ---------------------------------------------------------------- the environment section
+
+
+def _profile_document(config: GpuConfig, name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = {"name": name, "kind": config.kind,
+                           "description": f"planned by gpushare pack for {config.model.name}"}
+    if config.layout is not None:
+        doc["mig"] = {"layouts": {config.model.name: ",".join(f"{p}={n}" for p, n in config.layout)}}
+    if config.kind in ("time-slicing", "mig-time-slicing"):
+        doc["time_slicing"] = {"replicas": config.replicas}
+    if config.kind == "mps":
+        doc["mps"] = {"replicas": config.replicas}
+    return doc
+
+
+def name_profiles(plan: PackPlan) -> None:
+    """Each GPU's profile: an existing one that resolves to exactly its configuration, or a new `plan-*` one."""
+    taken = set(plan.problem.profiles)
+    by_key: dict[tuple[Any, ...], str] = {}
+    for gpu in plan.gpus:
+        config = gpu.config
+        if config.profile_name is not None:
+            gpu.profile = config.profile_name
+            continue
+        name = by_key.get(config.key)
+        if name is None:
+            if config.kind == "exclusive":
+                base = "plan-exclusive"
+            elif config.kind in ("time-slicing", "mps"):
+                base = f"plan-{'ts' if config.kind == 'time-slicing' else 'mps'}{config.replicas}"
+            else:
+                digest = hashlib.sha256(repr(config.key).encode()).hexdigest()[:6]
+                prefix = "plan-mig" if config.kind == "mig" else f"plan-migts{config.replicas}"
+                base = f"{prefix}-{digest}"
+            name = base
+            k = 2
+            while name in taken:
+                name = f"{base}-{k}"
+                k += 1
+            taken.add(name)
+            by_key[config.key] = name
+            plan.new_profiles[name] = _profile_document(config, name)
+        gpu.profile = name
+
+
+PLANNED_KUBERNETES = "1.33"
+
+
+def _dns(text: str, limit: int = 63) -> str:
+    out = "".join(ch if ch.isalnum() else "-" for ch in text.casefold())
+    while "--" in out:
+        out = out.replace("--", "-")
+    return out.strip("-")[:limit].rstrip("-")
+
+
+def env_section(plan: PackPlan) -> dict[str, Any]:
+    """Pools and new profiles as an environment file section; host names and addresses are placeholders."""
+    problem = plan.problem
+    section: dict[str, Any] = {}
+    if problem.cluster is None:
+        mps = any(g.config.kind == "mps" for g in plan.gpus)
+        # The cluster's real minor is unknown here: the newest one gpushare's schemas are checked against.
+        section["clusters"] = [{"name": "planned", "kind": "bare-metal", "kubernetes_version": PLANNED_KUBERNETES,
+                                "mig_strategy": "mixed", "cdi": True}]
+        if mps:
+            section["clusters"].append({"name": "planned-mps", "kind": "bare-metal",
+                                        "kubernetes_version": PLANNED_KUBERNETES, "mig_strategy": "single",
+                                        "cdi": True})
+    elif problem.cluster.kind != "bare-metal":
+        raise GpushareError(Problem(
+            f"environment {problem.environment} has no bare-metal cluster for the planned pools",
+            fix="add a bare-metal cluster, or write the pools' cloud blocks by hand from `gpushare pack --json`"))
+    used = {g.profile for g in plan.gpus}
+    profiles = [doc for name, doc in plan.new_profiles.items() if name in used]
+    if profiles:
+        section["profiles"] = profiles
+    pools = []
+    names: set[str] = set()
+    for pool in plan.pools():
+        model = plan.problem.models[pool["model"]]
+        base = _dns(f"plan-{model.slug}-{pool['profile'].removeprefix('plan-')}", 55)
+        name, k = base, 2
+        while name in names:
+            name = f"{base}-{k}"
+            k += 1
+        names.add(name)
+        if problem.cluster is not None:
+            cluster = problem.cluster.name
+        else:
+            cluster = "planned-mps" if pool["sharing"] == "mps" else "planned"
+        hosts = []
+        left = pool["gpus"]
+        for j in range(math.ceil(left / HOST_GPUS)):
+            host = f"{name}-{j + 1:02d}"
+            hosts.append({"name": host, "address": host, "gpu_count": min(HOST_GPUS, left)})
+            left -= HOST_GPUS
+        listed = ", ".join(pool["workloads"][:8]) + (", ..." if len(pool["workloads"]) > 8 else "")
+        pools.append({
+            "name": name, "cluster": cluster, "purpose": pool["purpose"], "gpu_model": model.name,
+            "profile": pool["profile"],
+            "description": f"{pool['gpus']} GPUs for {pool['workload_replicas']} replicas of {listed}",
+            "hosts": hosts,
+        })
+    section["pools"] = pools
+    return section
+
+
+def env_section_yaml(plan: PackPlan, demand_file: str | None = None) -> str:
+    import yaml
+
+    where = f"environments/{plan.problem.environment}.yaml" if plan.problem.environment else "an environment file"
+    header = [
+        f"# Planned by `gpushare pack`{f' from {demand_file}' if demand_file else ''}: {plan.gpus_used} GPUs "
+        f"(lower bound {plan.lower_bound:g}) for {plan.baseline_gpus} workload replicas.",
+        f"# Pools and new profiles to merge into {where}. Host names and addresses are placeholders",
+        "# (gpu_count per host follows the plan): replace them with the real hosts before `gpushare validate`.",
+    ]
+    return "\n".join(header) + "\n" + yaml.safe_dump(env_section(plan), sort_keys=False, width=120)

@@ -1,0 +1,386 @@
+"""Admission guardrails in the cluster: built-in ValidatingAdmissionPolicies (CEL, no extra engine) for tenant
+namespaces. The Pulumi program deploys them per cluster; tests evaluate their CEL with two implementations.
+
+Tenant namespaces carry the labels below (set by the tenancy component), which the policies read through
+`namespaceObject`. Workload policies judge pods (CREATE, UPDATE, and `pods/ephemeralcontainers`) and the pod
+templates of every built-in controller, written once over a `podSpec` variable picked by `object.kind`. On UPDATE
+only what changed against `oldObject` is judged, so a label or finalizer update of an existing pod is never
+refused. Namespace policies keep tenants from editing the labels that decide their own trust and Pod Security."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare.core.namespaces import (
+    CDI_ANNOTATION_PREFIX,
+    DRA_ADMIN_ACCESS_LABEL,
+    POD_SECURITY_PREFIX,
+    PRIORITY_CLASSES,
+    PRIORITY_LABEL,
+    SHARED_TAINT_KEY,
+    TENANT_LABEL,
+    TRUST_LABEL,
+    TRUSTED,
+    VISIBLE_DEVICES_ENV,
+)
+from gpushare.core.spec import SYSTEM_NAMESPACES
+
+# Who may set a tenant namespace's trust, tenant and Pod Security labels; the Pulumi stack config can name others.
+DEFAULT_DEPLOYER_GROUPS = ("system:masters",)
+MANAGED = {"app.kubernetes.io/managed-by": "gpushare"}
+
+
+@dataclass(frozen=True)
+class Deployer:
+    """gpushare's own identity in the cluster: the only one that may change tenant namespaces' guarded labels."""
+
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = DEFAULT_DEPLOYER_GROUPS
+
+
+# ---------------------------------------------------------------- workload policies (pods and pod templates)
+
+_WORKLOAD_RULES = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE", "UPDATE"]},
+    # `kubectl debug` adds containers through this subresource: a privileged one would otherwise pass unseen.
+    {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods/ephemeralcontainers"], "operations": ["UPDATE"]},
+    {"apiGroups": ["apps"], "apiVersions": ["v1"],
+     "resources": ["deployments", "statefulsets", "daemonsets", "replicasets"], "operations": ["CREATE", "UPDATE"]},
+    {"apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs", "cronjobs"],
+     "operations": ["CREATE", "UPDATE"]},
+]
+
+
+def _template(obj: str) -> str:
+    """The pod template of a controller object: CronJobs nest theirs in the job template."""
+    return f"({obj}.kind == 'CronJob' ? {obj}.spec.jobTemplate.spec.template : {obj}.spec.template)"
+
+
+def _pick_spec(obj: str) -> str:
+    return f"({obj}.kind == 'Pod' ? {obj}.spec : {_template(obj)}.spec)"
+
+
+def _pick_annotations(obj: str) -> str:
+    template = _template(obj)
+    return (f"({obj}.kind == 'Pod' ? "
+            f"(has({obj}.metadata.annotations) ? {obj}.metadata.annotations : {{}}) : "
+            f"(has({template}.metadata) && has({template}.metadata.annotations) ? "
+            f"{template}.metadata.annotations : {{}}))")
+
+
+def _containers(spec: str) -> str:
+    return (f"{spec}.containers"
+            f" + (has({spec}.initContainers) ? {spec}.initContainers : [])"
+            f" + (has({spec}.ephemeralContainers) ? {spec}.ephemeralContainers : [])")
+
+
+def _list(spec: str, field: str) -> str:
+    return f"(has({spec}.{field}) ? {spec}.{field} : [])"
+
+
+_UNTRUSTED = (f"!has(namespaceObject.metadata.labels) || !('{TRUST_LABEL}' in namespaceObject.metadata.labels) || "
+              f"namespaceObject.metadata.labels['{TRUST_LABEL}'] != '{TRUSTED}'")
+
+# On CREATE the "old" values are the new ones; every use is guarded by `isUpdate`, so no expression meets a null.
+WORKLOAD_VARIABLES: list[dict[str, str]] = [
+    {"name": "isUpdate", "expression": "request.operation == 'UPDATE'"},
+    {"name": "podSpec", "expression": _pick_spec("object")},
+    {"name": "oldPodSpec", "expression": f"variables.isUpdate ? {_pick_spec('oldObject')} : variables.podSpec"},
+    {"name": "podAnnotations", "expression": _pick_annotations("object")},
+    {"name": "oldPodAnnotations",
+     "expression": f"variables.isUpdate ? {_pick_annotations('oldObject')} : variables.podAnnotations"},
+    {"name": "containers", "expression": _containers("variables.podSpec")},
+    {"name": "oldContainers", "expression": _containers("variables.oldPodSpec")},
+    {"name": "volumes", "expression": _list("variables.podSpec", "volumes")},
+    {"name": "oldVolumes", "expression": _list("variables.oldPodSpec", "volumes")},
+    {"name": "tolerations", "expression": _list("variables.podSpec", "tolerations")},
+    {"name": "oldTolerations", "expression": _list("variables.oldPodSpec", "tolerations")},
+    {"name": "resourceClaims", "expression": _list("variables.podSpec", "resourceClaims")},
+    {"name": "oldResourceClaims", "expression": _list("variables.oldPodSpec", "resourceClaims")},
+    # A missing, empty, mis-cased or unknown trust label all mean untrusted.
+    {"name": "untrusted", "expression": _UNTRUSTED},
+]
+
+
+def _kept(item: str, old_list: str) -> str:
+    """True where an UPDATE leaves this element as it was: only what changed is judged."""
+    return f"(variables.isUpdate && {item} in variables.{old_list})"
+
+
+def _each_new(list_var: str, item: str, ok: str) -> str:
+    return f"variables.{list_var}.all({item}, {_kept(item, 'old' + list_var[0].upper() + list_var[1:])} || ({ok}))"
+
+
+def _flag_added(field: str) -> str:
+    """A boolean pod-spec field that is set now and was not before."""
+    return (f"(has(variables.podSpec.{field}) && variables.podSpec.{field}) && "
+            f"!(variables.isUpdate && has(variables.oldPodSpec.{field}) && variables.oldPodSpec.{field})")
+
+
+_PRIVILEGED = "has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged"
+_TOLERATION_KEY = "(has(t.key) ? t.key : '')"
+_TOLERATION_OPERATOR = "(has(t.operator) ? t.operator : 'Equal')"
+_PRIORITY = "(has(variables.podSpec.priorityClassName) ? variables.podSpec.priorityClassName : '')"
+_OLD_PRIORITY = "(has(variables.oldPodSpec.priorityClassName) ? variables.oldPodSpec.priorityClassName : '')"
+_NODE_NAME = "(has(variables.podSpec.nodeName) ? variables.podSpec.nodeName : '')"
+_OLD_NODE_NAME = "(has(variables.oldPodSpec.nodeName) ? variables.oldPodSpec.nodeName : '')"
+
+
+def _no_shared(field: str) -> str:
+    return (f"!has(c.resources) || !has(c.resources.{field}) || "
+            f"c.resources.{field}.all(k, !k.endsWith('.shared'))")
+
+
+# Bindings by trust: a label selector's NotIn also matches namespaces without the label (so: untrusted).
+ALL_TENANTS = "all"
+UNTRUSTED_ONLY = "untrusted"
+TRUSTED_ONLY = "trusted"
+
+POLICIES: dict[str, dict[str, Any]] = {
+    "gpushare-no-host-paths": {
+        # Every hostPath, whatever its spelling (/dev/./nvidia0, /etc/cdi, /): no prefix list to get around.
+        "validations": [{
+            "expression": _each_new("volumes", "v", "!has(v.hostPath)"),
+            "message": "hostPath volumes are not allowed in tenant namespaces (a host path can reach GPU device "
+                       "nodes, driver files, CDI specs or the kubelet): request GPUs through resources "
+                       "(nvidia.com/*) and use emptyDir, configMap, secret or persistentVolumeClaim volumes",
+            "reason": "Forbidden",
+        }],
+    },
+    "gpushare-no-privileged-gpu-pods": {
+        "validations": [
+            {
+                "expression": _each_new("containers", "c", f"!({_PRIVILEGED})"),
+                "message": "privileged containers (of any kind: init, ephemeral) see every GPU on the node and are "
+                           "not allowed in tenant namespaces",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": f"!({_flag_added('hostPID')}) && !({_flag_added('hostIPC')}) && "
+                              f"!({_flag_added('hostNetwork')})",
+                "message": "hostPID, hostIPC and hostNetwork are not allowed in tenant namespaces (the host network "
+                           "reaches the node's DCGM host engine on localhost:5555; only the MPS control daemon, "
+                           "outside tenant namespaces, shares the host's IPC)",
+                "reason": "Forbidden",
+            },
+        ],
+    },
+    "gpushare-untrusted-no-node-name": {
+        "validations": [{
+            "expression": f"!variables.untrusted || {_NODE_NAME} == '' || "
+                          f"(variables.isUpdate && {_NODE_NAME} == {_OLD_NODE_NAME})",
+            "message": "untrusted tenants may not set spec.nodeName: it skips the scheduler and every taint that "
+                       "keeps them off shared GPU nodes (the scheduler binds pods itself; use nodeSelector or "
+                       "affinity to choose among the nodes you may use)",
+            "reason": "Forbidden",
+        }],
+    },
+    "gpushare-untrusted-no-shared-gpus": {
+        "validations": [
+            {
+                "expression": "!variables.untrusted || " + _each_new(
+                    "containers", "c", f"({_no_shared('limits')}) && ({_no_shared('requests')})"),
+                "message": "untrusted tenants may not use time-sliced or MPS GPU replicas (*.shared) in any "
+                           "container: they give no memory or fault isolation; request a MIG instance or a whole GPU",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": "!variables.untrusted || " + _each_new(
+                    "tolerations", "t", f"{_TOLERATION_KEY} != '{SHARED_TAINT_KEY}' && "
+                    f"!({_TOLERATION_KEY} == '' && {_TOLERATION_OPERATOR} == 'Exists')"),
+                "message": f"untrusted tenants may not tolerate {SHARED_TAINT_KEY} (GKE-managed shared GPU pools "
+                           "advertise shared GPUs as nvidia.com/gpu) nor every taint at once (a toleration with no "
+                           "key and operator Exists)",
+                "reason": "Forbidden",
+            },
+        ],
+    },
+    "gpushare-no-cdi-annotations": {
+        "validations": [{
+            "expression": f"variables.podAnnotations.all(k, !k.startsWith('{CDI_ANNOTATION_PREFIX}') || "
+                          "(variables.isUpdate && k in variables.oldPodAnnotations && "
+                          "variables.oldPodAnnotations[k] == variables.podAnnotations[k]))",
+            "message": f"{CDI_ANNOTATION_PREFIX}* annotations inject CDI devices past the device plugin and are not "
+                       "allowed on pods or pod templates in tenant namespaces: request GPUs through resources",
+            "reason": "Forbidden",
+        }],
+    },
+    "gpushare-no-resource-claims": {
+        # gpushare templates no DRA claims today; any claim a tenant writes could name devices outside its quota.
+        "validations": [
+            {
+                "expression": _each_new("resourceClaims", "r", "false"),
+                "message": "DRA resource claims (spec.resourceClaims) come through gpushare, which templates none "
+                           "for tenants: request GPUs through resources (nvidia.com/*)",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": _each_new("containers", "c", "!has(c.resources) || !has(c.resources.claims) || "
+                                                           "size(c.resources.claims) == 0"),
+                "message": "DRA resource claims (resources.claims of a container) come through gpushare, which "
+                           "templates none for tenants: request GPUs through resources (nvidia.com/*)",
+                "reason": "Forbidden",
+            },
+        ],
+    },
+    "gpushare-tenant-priority-class": {
+        "validations": [{
+            "expression": f"(variables.isUpdate && {_PRIORITY} == {_OLD_PRIORITY}) || "
+                          f"({_PRIORITY} in ['{PRIORITY_CLASSES['online']}', '{PRIORITY_CLASSES['batch']}'] && "
+                          f"({_PRIORITY} != '{PRIORITY_CLASSES['online']}' || "
+                          f"(has(namespaceObject.metadata.labels) && "
+                          f"'{PRIORITY_LABEL}' in namespaceObject.metadata.labels && "
+                          f"namespaceObject.metadata.labels['{PRIORITY_LABEL}'] == 'online')))",
+            "message": f"pods and pod templates in tenant namespaces use {PRIORITY_CLASSES['batch']}, or "
+                       f"{PRIORITY_CLASSES['online']} where the tenant's priority is online",
+            "reason": "Forbidden",
+        }],
+    },
+    "gpushare-no-visible-devices-env": {
+        # The toolkit's hardening is the real defence (images set the variable in their own ENV): a denial for
+        # untrusted tenants, a warning for trusted ones.
+        "bindings": [("", UNTRUSTED_ONLY, ["Deny"]), ("-trusted", TRUSTED_ONLY, ["Warn", "Audit"])],
+        "validations": [{
+            "expression": _each_new("containers", "c",
+                                    f"!has(c.env) || c.env.all(e, e.name != '{VISIBLE_DEVICES_ENV}')"),
+            "message": f"{VISIBLE_DEVICES_ENV} in a pod spec is ignored for unprivileged containers (hardened "
+                       "toolkit) and not allowed for untrusted tenants; request GPUs through resources instead",
+            "reason": "Invalid",
+        }],
+    },
+    "gpushare-untrusted-env-from": {
+        "bindings": [("", UNTRUSTED_ONLY, ["Warn", "Audit"])],
+        "validations": [{
+            "expression": "!variables.untrusted || " + _each_new(
+                "containers", "c", "!has(c.envFrom) || size(c.envFrom) == 0"),
+            "message": f"envFrom can set {VISIBLE_DEVICES_ENV} where this policy cannot see it; it reaches no GPU: "
+                       "the hardened toolkit ignores the variable in unprivileged containers and restricted Pod "
+                       "Security forbids privileged ones. Prefer env entries you list by name",
+            "reason": "Invalid",
+        }],
+    },
+}
+
+
+# ---------------------------------------------------------------- namespace policies
+
+def _labels(obj: str) -> str:
+    return f"(has({obj}.metadata.labels) ? {obj}.metadata.labels : {{}})"
+
+
+def _guarded(key: str) -> str:
+    return f"({key} in ['{TRUST_LABEL}', '{TENANT_LABEL}'] || {key}.startsWith('{POD_SECURITY_PREFIX}'))"
+
+
+# A binding's namespaceSelector reads a Namespace's new labels, so removing the tenant label would escape it:
+# these policies match every namespace and select tenant ones (before or after the change) with a condition.
+_TENANT_NAMESPACE_CONDITION = {
+    "name": "tenant-namespace",
+    "expression": f"'{TENANT_LABEL}' in {_labels('object')} || "
+                  f"(request.operation == 'UPDATE' && '{TENANT_LABEL}' in {_labels('oldObject')})",
+}
+
+NAMESPACE_VARIABLES: list[dict[str, str]] = [
+    {"name": "labels", "expression": _labels("object")},
+    {"name": "oldLabels", "expression": f"request.operation == 'UPDATE' ? {_labels('oldObject')} : {{}}"},
+]
+
+NAMESPACE_POLICIES: dict[str, dict[str, Any]] = {
+    "gpushare-tenant-namespace-labels": {
+        "deployer_exempt": True,
+        "validations": [{
+            "expression": f"variables.labels.all(k, !{_guarded('k')} || "
+                          "(k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k])) && "
+                          f"variables.oldLabels.all(k, !{_guarded('k')} || k in variables.labels)",
+            "message": f"only gpushare's deployer sets a tenant namespace's {TRUST_LABEL}, {TENANT_LABEL} and "
+                       f"{POD_SECURITY_PREFIX}* labels: change the tenant in the environment file instead",
+            "reason": "Forbidden",
+        }],
+    },
+    "gpushare-tenant-namespace-no-dra-admin": {
+        "deployer_exempt": False,
+        "validations": [{
+            "expression": f"!('{DRA_ADMIN_ACCESS_LABEL}' in variables.labels)",
+            "message": f"tenant namespaces never carry {DRA_ADMIN_ACCESS_LABEL}: DRA admin access reaches devices "
+                       "that other pods hold",
+            "reason": "Forbidden",
+        }],
+    },
+}
+
+
+def _deployer_condition(deployer: Deployer) -> dict[str, str]:
+    users = ", ".join(f"'{u}'" for u in deployer.users)
+    groups = ", ".join(f"'{g}'" for g in deployer.groups)
+    return {
+        "name": "not-gpushare-deployer",
+        "expression": f"!(request.userInfo.username in [{users}] || (has(request.userInfo.groups) && "
+                      f"request.userInfo.groups.exists(g, g in [{groups}])))",
+    }
+
+
+# ---------------------------------------------------------------- objects
+
+
+def _trust_selector(trust: str) -> list[dict[str, Any]]:
+    if trust == UNTRUSTED_ONLY:
+        return [{"key": TRUST_LABEL, "operator": "NotIn", "values": [TRUSTED]}]
+    if trust == TRUSTED_ONLY:
+        return [{"key": TRUST_LABEL, "operator": "In", "values": [TRUSTED]}]
+    return []
+
+
+def _policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name, "labels": dict(MANAGED)}, "spec": spec}
+
+
+def _binding(name: str, policy: str, actions: list[str], match: dict[str, Any] | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"policyName": policy, "validationActions": actions}
+    if match is not None:
+        spec["matchResources"] = match
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name, "labels": dict(MANAGED)}, "spec": spec}
+
+
+def excluded_namespaces(extra: tuple[str, ...] = ()) -> list[str]:
+    """Namespaces no binding selects, whatever labels they carry: the system ones and those gpushare deploys into."""
+    return sorted({*SYSTEM_NAMESPACES, *extra})
+
+
+def admission_objects(deployer: Deployer | None = None,
+                      system_namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The ValidatingAdmissionPolicy and binding objects, as Kubernetes manifests. `system_namespaces` adds the
+    namespaces a stack deploys infrastructure into (operator, Kueue, monitoring) to those never selected."""
+    deployer = deployer or Deployer()
+    excluded = excluded_namespaces(system_namespaces)
+    out: list[dict[str, Any]] = []
+    for name, policy in POLICIES.items():
+        out.append(_policy(name, {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [dict(r) for r in _WORKLOAD_RULES]},
+            "variables": [dict(v) for v in WORKLOAD_VARIABLES],
+            "validations": policy["validations"],
+        }))
+        for suffix, trust, actions in policy.get("bindings", [("", ALL_TENANTS, ["Deny"])]):
+            out.append(_binding(f"{name}{suffix}", name, actions, {"namespaceSelector": {"matchExpressions": [
+                {"key": TENANT_LABEL, "operator": "Exists"},
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded},
+                *_trust_selector(trust),
+            ]}}))
+    for name, policy in NAMESPACE_POLICIES.items():
+        conditions = [dict(_TENANT_NAMESPACE_CONDITION)]
+        if policy["deployer_exempt"]:
+            conditions.append(_deployer_condition(deployer))
+        out.append(_policy(name, {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                    "resources": ["namespaces"],
+                                                    "operations": ["CREATE", "UPDATE"]}]},
+            "matchConditions": conditions,
+            "variables": [dict(v) for v in NAMESPACE_VARIABLES],
+            "validations": policy["validations"],
+        }))
+        out.append(_binding(name, name, ["Deny"], None))
+    return out

@@ -1,0 +1,149 @@
+"""The guardrail rules as a Pulumi policy pack: `pulumi preview --policy-pack policies/pack` enforces the same
+rules as `gpushare check`, over the stack's own resources.
+
+Kept importable apart from policies/pack/__main__.py, because constructing a PolicyPack starts its server."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyResource,
+    ReportViolation,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from gpushare.core.errors import GpushareError
+from gpushare.core.paths import project_root
+from gpushare.core.resolve import resolve, resolve_env
+from gpushare.policy.rules import (
+    RULES,
+    WAIVER_RULES,
+    Context,
+    PlanResource,
+    Rule,
+    Waiver,
+    evaluate,
+    load_checked_guardrails,
+    load_waivers,
+)
+
+_STACK_URN = re.compile(r"^urn:pulumi:(?P<stack>[^:]+)::")
+
+
+def stack_of(resources: Iterable[PolicyResource]) -> str | None:
+    for r in resources:
+        match = _STACK_URN.match(r.urn)
+        if match:
+            return match.group("stack")
+    return None
+
+
+def stack_file_config(stack: str) -> dict[str, Any]:
+    """The config of Pulumi.<stack>.yaml."""
+    stack_file = project_root() / f"Pulumi.{stack}.yaml"
+    if not stack_file.exists():
+        raise GpushareError(f"no stack file Pulumi.{stack}.yaml for stack {stack!r}", exit_code=2)
+    config = (yaml.safe_load(stack_file.read_text()) or {}).get("config", {})
+    return config if isinstance(config, dict) else {}
+
+
+def environment_file(stack: str) -> Path:
+    """The environment file a stack names in `gpushare:environment` (Pulumi.<stack>.yaml)."""
+    root = project_root()
+    env = stack_file_config(stack).get("gpushare:environment")
+    if not env:
+        raise GpushareError(f"Pulumi.{stack}.yaml does not set gpushare:environment", exit_code=2)
+    path = Path(env)
+    return path if path.is_absolute() else root / path
+
+
+def _known(value: Any) -> bool:
+    """Unknown values during preview are not violations: drop resources whose inputs are not known yet."""
+    return "04da6b54-80e4-46f7-96ec-b56ff0331ba9" not in repr(value)  # Pulumi's unknown sentinel
+
+
+def plan_from_stack(resources: Iterable[PolicyResource]) -> list[PlanResource]:
+    """The stack's resources as the rules see them; a resource's cluster is its Kubernetes provider's name."""
+    return [PlanResource(type=r.resource_type, name=r.name, inputs=dict(r.props),
+                         cluster=r.provider.name if r.provider is not None else "-")
+            for r in resources if _known(r.props)]
+
+
+def context_from_stack(args: StackValidationArgs) -> Context:
+    """The rules' input for a stack. The stack's own name (from the URNs the engine gives every resource) decides
+    whose limits apply; the environment file it loads must be that environment (rule environment-identity).
+    The policy config's `environment` replaces the stack file's gpushare:environment (tests)."""
+    config = args.get_config()
+    env_path = config.get("environment")
+    stack = stack_of(args.resources)
+    if stack is None:
+        raise GpushareError("cannot tell the stack from the resources' URNs", exit_code=2)
+    has_file = (project_root() / f"Pulumi.{stack}.yaml").exists()
+    fleet = resolve(Path(env_path) if env_path else environment_file(stack))
+    guardrails = load_checked_guardrails()
+    limits = guardrails.environment(stack)
+    source = resolve_env(limits.promote_from) if limits.promote_from else None
+    return Context(fleet=fleet, guardrails=guardrails, plan=plan_from_stack(args.resources), promotion_source=source,
+                   environment=stack, stack_config=stack_file_config(stack) if has_file else None)
+
+
+def _validator(rule: Rule | None, waivers: Callable[[], list[Waiver]], today: Callable[[], date],
+               waiver_rule: str = "") -> Callable[[StackValidationArgs, ReportViolation], None]:
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        try:
+            ctx = context_from_stack(args)
+        except GpushareError as err:
+            report_violation(f"gpushare cannot evaluate this stack: {err}", None)
+            return
+        # A waiver policy runs every rule too: whether a waiver is refused depends on what its rule reports.
+        report = evaluate(ctx, waivers(), today(), rules=[rule] if rule is not None else None)
+        for v in report.violations:
+            if v.rule == (rule.id if rule is not None else waiver_rule):
+                report_violation(f"{v.where}: {v.message} (fix: {v.fix})", None)
+
+    return validate
+
+
+def policies(waivers: Callable[[], list[Waiver]] | None = None, today: Callable[[], date] = date.today
+             ) -> list[StackValidationPolicy]:
+    """One stack policy per guardrail rule, plus one each for expired and refused waivers."""
+    load = waivers or (lambda: load_waivers()[0])
+    out = [
+        StackValidationPolicy(
+            name=r.id, description=r.description, validate=_validator(r, load, today),
+            enforcement_level=EnforcementLevel.MANDATORY if r.level == "mandatory" else EnforcementLevel.ADVISORY,
+            remediation_steps=r.remediation,
+        )
+        for r in RULES.values()
+    ]
+    out += [StackValidationPolicy(name=name, description=description,
+                                  validate=_validator(None, load, today, name),
+                                  enforcement_level=EnforcementLevel.MANDATORY, remediation_steps=fix)
+            for name, (description, fix) in WAIVER_RULES.items()]
+    return out
+
+
+def run_pack(resources: list[PolicyResource], config: Mapping[str, Any] | None = None,
+             waivers: list[Waiver] | None = None, today: date | None = None) -> dict[str, list[str]]:
+    """Call every policy's validate as the Pulumi engine would; policy name -> violation messages."""
+    found: dict[str, list[str]] = {}
+    for policy in policies((lambda: waivers) if waivers is not None else None,
+                           (lambda: today) if today is not None else date.today):
+        messages: list[str] = []
+
+        def report(message: str, urn: str | None = None, out: list[str] = messages) -> None:
+            out.append(message)
+
+        assert policy.validate is not None
+        policy.validate(StackValidationArgs(resources, config=config), report)
+        if messages:
+            found[policy.name] = messages
+    return found

@@ -1,0 +1,289 @@
+"""Grafana dashboards, built with grafana-foundation-sdk from the fleet: fleet overview (physical versus advertised
+GPUs, utilization per pool), tenants (usage and queue time), MIG instances, and GPU health.
+
+Panels read the recording rules (gpushare:*) wherever one exists, so a panel and an alert never disagree about
+what "utilization" means; the health panels read DCGM fields directly, deduplicated per device (max over the
+per-pod copies a time-sliced GPU exports)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as model
+
+from gpushare.core.resolve import ResolvedFleet
+
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
+DEVICE = "Hostname, UUID"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str = ""
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    title: str
+    queries: tuple[Query, ...]
+    unit: str = "short"
+    kind: str = "timeseries"  # or "stat"
+    description: str = ""
+    width: int = 12
+    max: float | None = None
+
+
+def _panel(spec: PanelSpec, panel_id: int) -> Any:
+    builder: Any = stat.Panel() if spec.kind == "stat" else timeseries.Panel()
+    builder = (builder.id(panel_id).title(spec.title).datasource(DATASOURCE).unit(spec.unit).span(spec.width)
+               .height(4 if spec.kind == "stat" else 8))
+    if spec.description:
+        builder = builder.description(spec.description)
+    if spec.kind == "timeseries":
+        builder = builder.min(0)
+    if spec.max is not None:
+        builder = builder.max(spec.max)
+    for i, q in enumerate(spec.queries):
+        target = prometheus.Dataquery().expr(q.expr).ref_id(chr(ord("A") + i)).datasource(DATASOURCE)
+        if q.legend:
+            target = target.legend_format(q.legend)
+        builder = builder.with_target(target)
+    return builder
+
+
+def _query_variable(name: str, label: str, query: str, multi: bool = True) -> db.QueryVariable:
+    return (db.QueryVariable(name).label(label).datasource(DATASOURCE)
+            .query({"query": query, "refId": f"{name}-values"})
+            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.ALPHABETICAL_ASC)
+            .multi(multi).include_all(multi).all_value(".*"))
+
+
+def _dashboard(uid: str, title: str, environment: str, description: str, variables: list[Any],
+               rows: list[tuple[str, list[PanelSpec]]]) -> dict[str, Any]:
+    builder = (db.Dashboard(title).uid(uid).description(description)
+               .tags(["gpushare", "gpu", environment]).time("now-24h", "now").refresh("1m").timezone("browser")
+               .readonly()
+               .with_variable(db.DatasourceVariable("datasource").label("Prometheus").type("prometheus")))
+    for variable in variables:
+        builder = builder.with_variable(variable)
+    panel_id = 0
+    for row, panels in rows:
+        panel_id += 1
+        builder = builder.with_row(db.Row(row).id(panel_id))
+        for spec in panels:
+            panel_id += 1
+            builder = builder.with_panel(_panel(spec, panel_id))
+    data: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    return data
+
+
+POOL = 'pool=~"$pool"'
+
+
+def _overview(fleet: ResolvedFleet) -> dict[str, Any]:
+    shared = any(p.sharing in ("time-slicing", "mps", "mig-time-slicing") for p in fleet.pools)
+    rows: list[tuple[str, list[PanelSpec]]] = [
+        ("Physical versus advertised", [
+            PanelSpec("Physical GPUs (planned)", (Query(f"sum(gpushare:pool_physical_gpus:planned{{{POOL}}})"),),
+                      kind="stat", width=4,
+                      description="GPUs the environment file puts in the selected pools."),
+            PanelSpec("Physical GPUs reporting", (Query(f"sum(gpushare:pool_physical_gpus:count{{{POOL}}})"),),
+                      kind="stat", width=4, description="GPUs with DCGM metrics on nodes of the selected pools."),
+            PanelSpec("Hardware units", (Query(f"sum(gpushare:pool_hardware_units:count{{{POOL}}})"),),
+                      kind="stat", width=4, description="Whole GPUs and MIG instances reporting."),
+            PanelSpec("Advertised GPU resources", (Query(f"sum(gpushare:pool_advertised:units{{{POOL}}})"),),
+                      kind="stat", width=4, description="Schedulable GPU resources the device plugins advertise."),
+            PanelSpec("Allocated", (Query(f"sum(gpushare:pool_allocated:units{{{POOL}}})"),), kind="stat", width=4,
+                      description="GPU resources requested by pending or running pods on the pools' nodes."),
+            PanelSpec("Oversubscription in effect", (Query(
+                f"sum(gpushare:pool_advertised:units{{{POOL}}}) / sum(gpushare:pool_hardware_units:count{{{POOL}}})"),),
+                kind="stat", width=4, unit="none",
+                description="Advertised resources per hardware unit (whole GPU or MIG instance)."),
+            PanelSpec("Advertised, hardware units and physical GPUs per pool", (
+                Query(f"sum by (pool) (gpushare:pool_advertised:units{{{POOL}}})", "{{pool}} advertised"),
+                Query(f"gpushare:pool_hardware_units:count{{{POOL}}}", "{{pool}} hardware units"),
+                Query(f"gpushare:pool_physical_gpus:count{{{POOL}}}", "{{pool}} physical GPUs"),
+            ), width=12),
+            PanelSpec("Oversubscription per pool", (Query(f"gpushare:pool_oversubscription:ratio{{{POOL}}}",
+                                                          "{{pool}}"),), unit="none", width=12),
+        ]),
+        ("Utilization", [
+            PanelSpec("Utilization per pool", (Query(f"gpushare:pool_utilization:ratio{{{POOL}}}", "{{pool}}"),),
+                      unit="percentunit", max=1,
+                      description="Busy share of the pools' physical GPUs (a MIG instance weighs its compute "
+                                  "slices)."),
+            PanelSpec("GPU memory used per pool", (Query(f"gpushare:pool_memory_used:ratio{{{POOL}}}", "{{pool}}"),),
+                      unit="percentunit", max=1),
+            PanelSpec("Allocation per pool", (Query(f"gpushare:pool_allocation:ratio{{{POOL}}}", "{{pool}}"),),
+                      unit="percentunit", max=1, description="Allocated / advertised GPU resources."),
+            PanelSpec("Utilization per GPU", (Query(f"gpushare:gpu_utilization:ratio{{{POOL}}}",
+                                                    "{{pool}} {{node}} {{UUID}}"),), unit="percentunit", max=1),
+        ]),
+        ("Queueing", [
+            PanelSpec("Pending GPU workloads per pool", (Query(f"gpushare:pool_pending:sum{{{POOL}}}", "{{pool}}"),),
+                      description="Kueue pending workloads of the queues that reach the pool, plus unschedulable "
+                                  "GPU requests outside Kueue."),
+            PanelSpec("Queue wait per pool", (Query(f"gpushare:pool_queue_wait_seconds:max{{{POOL}}}", "{{pool}}"),),
+                      unit="s", description="Kueue admission wait p90, or the age of the oldest unschedulable GPU "
+                                            "pod, whichever is longer."),
+        ]),
+    ]
+    if shared:
+        rows.append(("Time-sliced replicas", [
+            PanelSpec("Memory per replica", (Query(f"gpushare:replica_memory_used:bytes{{{POOL}}}",
+                                                   "{{pool}} {{namespace}}/{{pod}}"),), unit="bytes", width=24,
+                      description="Framebuffer used by each pod on a time-sliced GPU (--kubernetes-virtual-gpus). "
+                                  "Replicas share memory without isolation."),
+        ]))
+    return _dashboard(f"gpushare-overview-{fleet.environment}", f"gpushare fleet overview ({fleet.environment})",
+                      fleet.environment, "Physical versus advertised GPUs and utilization per pool.",
+                      [_query_variable("pool", "Pool", "label_values(gpushare:pool:info, pool)")], rows)
+
+
+TENANT = 'tenant=~"$tenant"'
+
+
+def _tenants(fleet: ResolvedFleet) -> dict[str, Any]:
+    rows = [
+        ("Usage", [
+            PanelSpec("GPUs busy per tenant", (Query(f"sum by (tenant) (gpushare:tenant_gpu_busy:gpus{{{TENANT}}})",
+                                                     "{{tenant}}"),),
+                      description="GPU-equivalents of compute in use: a MIG instance counts with its share of the "
+                                  "GPU; on time-sliced GPUs each pod's own GPU_UTIL."),
+            PanelSpec("GPU memory per tenant", (Query(
+                f"sum by (tenant) (gpushare:tenant_memory_used:bytes{{{TENANT}}})", "{{tenant}}"),), unit="bytes"),
+            PanelSpec("Allocated GPU resources per tenant", (Query(
+                f"sum by (tenant, resource) (gpushare:tenant_allocated:units{{{TENANT}}})",
+                "{{tenant}} {{resource}}"),), width=24),
+        ]),
+        ("Queueing (Kueue)", [
+            PanelSpec("Pending workloads", (Query(f"gpushare:tenant_pending_workloads:sum{{{TENANT}}}",
+                                                  "{{tenant}}"),)),
+            PanelSpec("Admission wait (p90)", (Query(f"gpushare:tenant_admission_wait_seconds:p90{{{TENANT}}}",
+                                                     "{{tenant}}"),), unit="s"),
+        ]),
+    ]
+    return _dashboard(f"gpushare-tenants-{fleet.environment}", f"gpushare tenants ({fleet.environment})",
+                      fleet.environment, "GPU usage and queue time per tenant.",
+                      [_query_variable("tenant", "Tenant", "label_values(gpushare:tenant:info, tenant)")], rows)
+
+
+def _mig(fleet: ResolvedFleet) -> dict[str, Any]:
+    rows = [
+        ("MIG profiles", [
+            PanelSpec("Utilization per MIG profile", (Query(f"gpushare:pool_mig_utilization:ratio{{{POOL}}}",
+                                                            "{{pool}} {{GPU_I_PROFILE}}"),),
+                      unit="percentunit", max=1),
+            PanelSpec("Memory used per MIG profile", (Query(f"gpushare:pool_mig_memory_used:ratio{{{POOL}}}",
+                                                            "{{pool}} {{GPU_I_PROFILE}}"),),
+                      unit="percentunit", max=1),
+            PanelSpec("Instances per MIG profile", (Query(f"gpushare:pool_mig_instances:count{{{POOL}}}",
+                                                          "{{pool}} {{GPU_I_PROFILE}}"),)),
+            PanelSpec("Allocated MIG resources", (Query(
+                f'sum by (pool, resource) (gpushare:pool_allocated:units{{{POOL}, resource=~"nvidia_com_mig_.+"}})',
+                "{{pool}} {{resource}}"),)),
+        ]),
+        ("Instances", [
+            PanelSpec("Utilization per instance", (Query(
+                f'gpushare:unit_utilization:ratio{{{POOL}, GPU_I_ID!=""}}',
+                "{{node}} {{UUID}} {{GPU_I_PROFILE}} #{{GPU_I_ID}}"),), unit="percentunit", max=1, width=24),
+            PanelSpec("MIG reconfiguration state (gpushare hosts)", (Query(
+                "count by (label_gpushare_io_mig_config_state) "
+                '(kube_node_labels{label_gpushare_io_mig_config_state!=""})',
+                "{{label_gpushare_io_mig_config_state}}"),)),
+            PanelSpec("MIG reconfiguration state (operator-managed)", (Query(
+                "count by (label_nvidia_com_mig_config_state) "
+                '(kube_node_labels{label_nvidia_com_mig_config_state!=""})',
+                "{{label_nvidia_com_mig_config_state}}"),)),
+        ]),
+    ]
+    return _dashboard(f"gpushare-mig-{fleet.environment}", f"gpushare MIG instances ({fleet.environment})",
+                      fleet.environment, "MIG instances per profile: how busy and how full they are.",
+                      [_query_variable("pool", "Pool", 'label_values(gpushare:pool:info{sharing=~"mig.*"}, pool)')],
+                      rows)
+
+
+NODE = 'Hostname=~"$node"'
+
+
+def _health(fleet: ResolvedFleet) -> dict[str, Any]:
+    rows = [
+        ("Errors", [
+            PanelSpec("Last XID per GPU", (Query(f"max by ({DEVICE}) (DCGM_FI_DEV_XID_ERRORS{{{NODE}}})",
+                                                 "{{Hostname}} {{UUID}}"),), unit="none"),
+            PanelSpec("XIDs in the exporter's window", (Query(
+                f"max by ({DEVICE}, xid) (DCGM_EXP_XID_ERRORS_COUNT{{{NODE}}})",
+                "{{Hostname}} {{UUID}} XID {{xid}}"),)),
+            PanelSpec("Double-bit ECC errors", (Query(
+                f"max by ({DEVICE}) (increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{NODE}}}[$__rate_interval]))",
+                "{{Hostname}} {{UUID}}"),)),
+            PanelSpec("Row remap failures", (Query(f"max by ({DEVICE}) (DCGM_FI_DEV_ROW_REMAP_FAILURE{{{NODE}}})",
+                                                   "{{Hostname}} {{UUID}}"),)),
+        ]),
+        ("Thermals and throttling", [
+            PanelSpec("GPU temperature", (Query(f"max by ({DEVICE}) (DCGM_FI_DEV_GPU_TEMP{{{NODE}}})",
+                                                "{{Hostname}} {{UUID}}"),), unit="celsius"),
+            PanelSpec("Memory temperature", (Query(f"max by ({DEVICE}) (DCGM_FI_DEV_MEMORY_TEMP{{{NODE}}})",
+                                                   "{{Hostname}} {{UUID}}"),), unit="celsius"),
+            PanelSpec("Thermal throttling", (Query(
+                f"max by ({DEVICE}) (rate(DCGM_FI_DEV_THERMAL_VIOLATION{{{NODE}}}[$__rate_interval])) / 1e9",
+                "{{Hostname}} {{UUID}}"),), unit="percentunit", max=1),
+            PanelSpec("Power throttling", (Query(
+                f"max by ({DEVICE}) (rate(DCGM_FI_DEV_POWER_VIOLATION{{{NODE}}}[$__rate_interval])) / 1e9",
+                "{{Hostname}} {{UUID}}"),), unit="percentunit", max=1),
+        ]),
+        ("Memory and exporters", [
+            PanelSpec("Framebuffer used per GPU or MIG instance", (Query(
+                'gpushare:unit_memory_used:ratio{node=~"$node"}', "{{node}} {{UUID}} {{GPU_I_PROFILE}}"),),
+                unit="percentunit", max=1),
+            PanelSpec("GPU nodes without DCGM metrics", (Query(
+                'count(gpushare:node_pool:info{node=~"$node"} unless on (node) '
+                'max by (node) (label_replace(DCGM_FI_DEV_GPU_TEMP, "node", "$1", "Hostname", "(.*)")))'),),
+                kind="stat", width=6),
+            PanelSpec("GPUs reporting", (Query(f"count(max by ({DEVICE}) (DCGM_FI_DEV_GPU_TEMP{{{NODE}}}))"),),
+                      kind="stat", width=6),
+        ]),
+    ]
+    return _dashboard(f"gpushare-health-{fleet.environment}", f"gpushare GPU health ({fleet.environment})",
+                      fleet.environment, "XID, ECC, row remapping, temperatures and throttling per GPU.",
+                      [_query_variable("pool", "Pool", "label_values(gpushare:pool:info, pool)"),
+                       _query_variable("node", "Node", 'label_values(gpushare:node_pool:info{pool=~"$pool"}, node)')],
+                      rows)
+
+
+def build_dashboards(fleet: ResolvedFleet) -> dict[str, dict[str, Any]]:
+    out = {
+        "gpushare-overview.json": _overview(fleet),
+        "gpushare-tenants.json": _tenants(fleet),
+        "gpushare-health.json": _health(fleet),
+    }
+    if any(n.mig_layout for n in fleet.nodes):
+        out["gpushare-mig.json"] = _mig(fleet)
+    return out
+
+
+def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, expression) for every query of every panel, rows included."""
+    out = []
+    for panel in dashboard.get("panels", []):
+        for inner in [panel, *panel.get("panels", [])]:
+            for target in inner.get("targets", []) or []:
+                if target.get("expr"):
+                    out.append((inner.get("title", ""), target["expr"]))
+    return out
+
+
+def variable_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(variable name, query) of the query variables (label_values(...) queries)."""
+    out = []
+    for variable in dashboard.get("templating", {}).get("list", []):
+        query = variable.get("query")
+        if variable.get("type") == "query" and query:
+            out.append((variable["name"], query["query"] if isinstance(query, dict) else query))
+    return out
