@@ -18,8 +18,8 @@ from gpushare.core import spec
 from gpushare.core.errors import GpushareError
 from gpushare.core.resolve import resolve, resolve_env
 from gpushare.ops.preview import Plan, PlannedResource, collect_plan
+from gpushare.program.components import operator_values as ov
 from gpushare.render.fleet import render_fleet
-from infra.components import operator_values as ov
 from tests.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "data" / "infra"
@@ -119,8 +119,8 @@ MIXED_PROGRAM = textwrap.dedent('''
     import pulumi
     from gpushare.core.guardrails import load_guardrails
     from gpushare.core.resolve import DEVICE_PLUGIN_CONFIG_LABEL, Label, resolve
-    from infra.program import plan_cluster, register_cluster
-    from infra.stack_config import load_stack_config
+    from gpushare.program.program import plan_cluster, register_cluster
+    from gpushare.program.stack_config import load_stack_config
 
     fleet = resolve(Path({root!r}) / "environments" / "dev.yaml")
     pool = fleet.pool("l4-notebooks")

@@ -11,7 +11,7 @@ from gpushare.core.errors import GpushareError
 from gpushare.core.resolve import resolve_env
 from gpushare.ops.preview import collect_plan
 from gpushare.policy.admission import NAMESPACE_POLICIES, POLICIES
-from infra.components.tenancy import KUEUE_VERSION, check_kueue_values
+from gpushare.program.components.tenancy import KUEUE_VERSION, check_kueue_values
 from tests.conftest import ROOT
 from tests.test_infra_components import by_name, dev_config, plan_of, shipped
 

@@ -133,9 +133,20 @@ def collect_plan(env: str, config: Mapping[str, Any] | None = None, *, stack: st
     else:
         stack_name, cfg, notes = stack or env, dict(config), []
     with _ENGINE_LOCK:
-        plan = _run_program(program or project_root() / "infra" / "__main__.py", stack_name, cfg)
+        plan = _run_program(program or program_file(), stack_name, cfg)
     plan.warnings[:0] = notes
     return plan
+
+
+def program_file() -> Path:
+    """What `pulumi up` runs: the workspace's infra/__main__.py (Pulumi.yaml `main: infra/`), else the package's
+    program itself (the launcher `gpushare init` writes calls the same)."""
+    launcher = project_root() / "infra" / "__main__.py"
+    if launcher.exists():
+        return launcher
+    from gpushare.program import main
+
+    return Path(main.__file__)
 
 
 def _run_program(program: Path, stack_name: str, cfg: Mapping[str, Any]) -> Plan:

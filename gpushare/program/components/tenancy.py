@@ -24,7 +24,7 @@ from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.core.tenancy import ClusterTenancy, cluster_tenancy
 from gpushare.policy.admission import Deployer, admission_objects
-from infra.stack_config import KueueSettings
+from gpushare.program.stack_config import KueueSettings
 
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 KUEUE_VERSION = "0.19.2"

@@ -16,7 +16,7 @@ from pulumi_kubernetes.core.v1 import NodePatch
 from gpushare.core import spec
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.resolve import ResolvedNode, ResolvedPool
-from infra.stack_config import EksSettings, GkeSettings
+from gpushare.program.stack_config import EksSettings, GkeSettings
 
 # Kubernetes taint effects as GKE node pools and EKS node groups spell them.
 CLOUD_TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE", "PreferNoSchedule": "PREFER_NO_SCHEDULE",

@@ -15,7 +15,7 @@ from pulumi_kubernetes.helm.v3 import Release, RepositoryOptsArgs
 from gpushare.core import spec
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.resolve import ResolvedFleet
-from infra.components import operator_values as ov
+from gpushare.program.components import operator_values as ov
 
 HOST_EXPORTER = "gpushare-dcgm-exporter-host"
 # The selector the operator's own exporter DaemonSet uses; opted-out hosts carry "false".

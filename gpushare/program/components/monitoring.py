@@ -17,8 +17,8 @@ from pulumi_kubernetes.helm.v3 import Release, RepositoryOptsArgs
 from gpushare.core import spec
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet
+from gpushare.program.stack_config import MonitoringSettings
 from gpushare.render import monitoring
-from infra.stack_config import MonitoringSettings
 
 KPS_CHART = "kube-prometheus-stack"
 KPS_VERSION = "88.5.3"  # prometheus-operator v0.93.1, the CRDs' line (gpushare/data/crd-monitoring.coreos.com_*)

@@ -12,13 +12,13 @@ import pulumi_kubernetes as k8s
 from gpushare.core import spec
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet, host_opt_outs
-from infra.components import monitoring as mon
-from infra.components import operator_values as ov
-from infra.components.node_pool import GpuNodePool, GpuNodePoolArgs, node_pool_inputs
-from infra.components.nvidia_stack import NvidiaStack, NvidiaStackArgs, prepare
-from infra.components.tenancy import Tenancy, TenancyArgs
-from infra.components.tenancy import prepare as prepare_tenancy
-from infra.stack_config import StackConfig
+from gpushare.program.components import monitoring as mon
+from gpushare.program.components import operator_values as ov
+from gpushare.program.components.node_pool import GpuNodePool, GpuNodePoolArgs, node_pool_inputs
+from gpushare.program.components.nvidia_stack import NvidiaStack, NvidiaStackArgs, prepare
+from gpushare.program.components.tenancy import Tenancy, TenancyArgs
+from gpushare.program.components.tenancy import prepare as prepare_tenancy
+from gpushare.program.stack_config import StackConfig
 
 
 @dataclass

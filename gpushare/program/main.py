@@ -1,0 +1,58 @@
+"""The Pulumi program: `pulumi up -s <env>` makes the Kubernetes side of the stack's environment true.
+
+Per cluster: a Kubernetes provider, the monitoring prerequisite, node opt-out labels and pool labels/taints on bare
+metal, the NVIDIA stack (GPU Operator chart with every sharing config), cloud node pools, and gpushare's rules and
+dashboards. Every cluster is computed and checked before the first resource is registered, so bad input fails the
+preview with nothing applied. Outputs: capacity per pool and for the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pulumi
+
+from gpushare.core.errors import GpushareError
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.paths import project_root
+from gpushare.core.resolve import resolve
+from gpushare.program.components import operator_values as ov
+from gpushare.program.program import plan_cluster, register_cluster
+from gpushare.program.stack_config import load_stack_config
+
+
+def main() -> None:
+    stack = load_stack_config()
+    env_file = Path(stack.environment)
+    if not env_file.is_absolute():
+        env_file = project_root() / env_file
+    fleet = resolve(env_file)
+    stack.check_clusters(list(fleet.clusters))
+    guardrails = load_guardrails()
+    kept = ov.kept_device_plugin_configs(stack.keep_device_plugin_configs, fleet, project_root(), stack.file)
+    plans = []
+    for cluster in fleet.clusters.values():
+        if not any(p.cluster == cluster.name for p in fleet.pools):
+            pulumi.log.warn(f"cluster {cluster.name} has no GPU pools: nothing is registered for it")
+            continue
+        plans.append(plan_cluster(fleet, cluster, stack, guardrails, kept))
+    for warning in fleet.warnings:
+        pulumi.log.warn(warning)
+
+    for plan in plans:
+        register_cluster(fleet, plan)
+    for pool in fleet.pools:
+        pulumi.export(f"pool:{pool.name}", {"cluster": pool.cluster, "profile": pool.profile,
+                                            **pool.totals.as_dict()})
+    pulumi.export("environment", {"name": fleet.environment, **fleet.totals.as_dict()})
+
+
+def run() -> None:
+    """What the workspace's infra/__main__.py calls: the program, with bad input as one readable Pulumi error."""
+    try:
+        main()
+    except GpushareError as err:
+        raise pulumi.RunError(f"stack {pulumi.get_stack()} cannot be planned:\n{err}") from err
+
+
+if __name__ == "__main__":  # `python -m gpushare.program.main`, and the preview when a workspace has no infra/
+    run()
