@@ -2,14 +2,18 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: plan test lint venv schema bench clean test-deps promtool
+.PHONY: plan test test-unit lint venv schema bench clean test-deps promtool
 
 plan: venv
 	$(BIN)/gpushare plan --env dev
 	$(BIN)/gpushare preview --env dev --out build/dev
 
 test: venv lint test-deps promtool
-	$(BIN)/pytest
+	$(if $(wildcard ../shared/nvidia-tools/bin),PATH=$(abspath ../shared/nvidia-tools/bin):$$PATH) $(BIN)/pytest
+
+# The fast local loop (docs/testing.md): no root-built test hosts, no Prometheus server, no fuzzing; under 3 minutes.
+test-unit: venv promtool
+	$(if $(wildcard ../shared/nvidia-tools/bin),PATH=$(abspath ../shared/nvidia-tools/bin):$$PATH) $(BIN)/pytest -q -m "not slow and not ansible"
 
 lint: venv
 	$(BIN)/ruff check gpushare infra tests benchmarks scripts

@@ -5,14 +5,17 @@ It runs `gpushare discover --json`, then asks NVML, for every GPU-instance profi
 info (nvmlDeviceGetGpuInstanceProfileInfo, v1; it answers with MIG off too, which mig-parted's generate-config
 relies on) and its possible placements (nvmlDeviceGetGpuInstancePossiblePlacements; may be refused with MIG
 off, then the placements stay unconfirmed), and compares ids, slice counts, max counts, memory and placements
-with the catalog entry. Prints one JSON report; exit 0, 1 when something disagrees with the catalog, 3 when
-there is no NVIDIA driver.
+with the catalog entry (memory: any value a driver is known to report, memory_gib or memory_gib_other_drivers).
+With `--full --env ENV` it also runs NVIDIA's own programs (gpu_check_full.py beside this script: mig-parted's
+generate-config and assert, the device plugin with a kubelet stand-in) against ENV's rendered files and plan.
+Prints one JSON report; exit 0, 1 when something disagrees, 2 on bad usage, 3 when there is no NVIDIA driver.
 
 It only reads: it never enables MIG, creates or destroys instances, changes clocks or resets anything.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import os
@@ -21,21 +24,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-import gpushare
-from gpushare.core.catalog import GpuModel, MigProfile, normalise_pci_id
+from gpushare.core.catalog import GpuModel, MigProfile, load_catalog, normalise_pci_id
 from gpushare.core.discover import match_model
+from gpushare.core.paths import environment_path
 
 # The -lgip GiB column is MiB / 1024 printed with two decimals.
 MEMORY_TOLERANCE_GIB = 0.01
-DATA = Path(gpushare.__file__).parent / "data" / "mig_profiles.yaml"
-
-
-def alternate_memory(model: GpuModel) -> dict[str, list[float]]:
-    """Memory sizes other drivers report (memory_gib_other_drivers), kept only in the data file."""
-    raw = yaml.safe_load(DATA.read_text()).get(model.name) or {}
-    return {p["name"]: list(p.get("memory_gib_other_drivers") or ()) for p in raw.get("profiles") or ()}
 
 
 def profile_info(nvml: Any, handle: Any, index: int) -> Any | None:
@@ -66,7 +60,6 @@ def compare_gpu(nvml: Any, handle: Any, model: GpuModel, driver_branch: int | No
     unconfirmed: list[dict] = []
     by_index = {p.nvml_profile_index: p for p in model.profiles.values() if p.nvml_profile_index is not None}
     by_id = {p.id: p for p in model.profiles.values()}
-    other_memory = alternate_memory(model)
 
     def compare(profile: MigProfile, field: str, catalog: Any, actual: Any) -> None:
         entry = {"profile": profile.name, "field": field}
@@ -113,10 +106,7 @@ def compare_gpu(nvml: Any, handle: Any, model: GpuModel, driver_branch: int | No
                     "reason": f"catalog has none; NVML: {memory}",
                 }
             )
-        elif any(
-            abs(memory - gib) <= MEMORY_TOLERANCE_GIB
-            for gib in [expected.memory_gib, *other_memory[expected.name]]
-        ):
+        elif any(abs(memory - gib) <= MEMORY_TOLERANCE_GIB for gib in expected.memory_gib_values):
             confirmed.append({"profile": expected.name, "field": "memory_gib", "value": memory})
         else:
             mismatches.append(
@@ -174,7 +164,41 @@ def check_gpu(nvml: Any, index: int, driver: str) -> dict[str, Any]:
     return report
 
 
-def main() -> int:
+def full_checks(args: argparse.Namespace, discovered: dict[str, Any], gpus: list[dict[str, Any]],
+                driver: str) -> dict[str, Any]:
+    """--full: NVIDIA's own programs against the environment's rendered files and plan (gpu_check_full.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gpu_check_full as full
+
+    models = {g["catalog_model"] for g in gpus}
+    if len(models) != 1 or None in models:
+        return {"ok": False, "error": f"--full needs one known GPU model here, found {sorted(map(str, models))}"}
+    tools = full.find_tools(os.environ.get("GPUSHARE_NVIDIA_TOOLS"))
+    if isinstance(tools, str):
+        return {"ok": False, "error": tools}
+    env = Path(args.env) if Path(args.env).is_file() else environment_path(args.env)
+    branch = driver.split(".")[0]
+    mig_disabled = all((g.get("mig") or {}).get("current") == "disabled" for g in discovered.get("gpus") or [])
+    plugin_args = ["--driver-root", args.driver_root, "--dev-root", args.driver_root]
+    report = full.full_report(env, load_catalog().models[models.pop()], len(gpus),
+                              int(branch) if branch.isdigit() else None, mig_disabled, tools, plugin_args)
+    return {"ok": not full.has_mismatches(report), **report}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Compare a real NVIDIA GPU with gpushare's catalog, read-only.")
+    parser.add_argument("--full", action="store_true",
+                        help="also run NVIDIA's mig-parted and device plugin against --env's rendered files")
+    parser.add_argument("--env", help="the environment (name or file) whose rendered files and plan --full checks")
+    parser.add_argument("--driver-root", default="/", help="where this host keeps the driver (the plugin's flag)")
+    args = parser.parse_args(argv)
+    if args.full and not args.env:
+        parser.error("--full needs --env: the environment whose rendered files and plan are compared")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         import pynvml
 
@@ -191,12 +215,12 @@ def main() -> int:
         gpus = [check_gpu(pynvml, index, driver) for index in range(pynvml.nvmlDeviceGetCount())]
     finally:
         pynvml.nvmlShutdown()
-    print(
-        json.dumps(
-            {"ok": not any(g["mismatches"] for g in gpus), "discover": discovered, "gpus": gpus}, indent=2
-        )
-    )
-    return 1 if any(g["mismatches"] for g in gpus) else 0
+    report: dict[str, Any] = {"discover": discovered, "gpus": gpus}
+    if args.full:
+        report["full"] = full_checks(args, discovered, gpus, driver)
+    ok = not any(g["mismatches"] for g in gpus) and (report.get("full") or {}).get("ok", True)
+    print(json.dumps({"ok": ok, **report}, indent=2))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

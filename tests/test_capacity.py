@@ -19,6 +19,7 @@ from gpushare.core.guardrails import load_guardrails
 from gpushare.core.mig import check_layout, layout_from_counts
 from gpushare.core.resolve import resolve
 from gpushare.ops.capacity import GIB, MigEvidence, PoolEvidence, Recommendation, recommend
+from tests.conftest import PROFILES
 from tests.prometheus.scenarios import PoolLoad, Scenario, backfill
 from tests.prometheus.server import prometheus_server
 
@@ -84,6 +85,7 @@ def _pool(report: dict[str, Any], name: str) -> dict[str, Any]:
     return next(p for p in report["pools"] if p["pool"] == name)
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_underused_time_sliced_pool_gets_more_replicas_on_fewer_gpus(report: dict[str, Any]) -> None:
     p = _pool(report, "ts-underused")
     assert p["replicas_now"] == 2 and p["replicas_proposed"] > 2
@@ -94,6 +96,7 @@ def test_underused_time_sliced_pool_gets_more_replicas_on_fewer_gpus(report: dic
     assert p["in_patch"]
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_contended_pool_gets_fewer_replicas_and_more_gpus(report: dict[str, Any]) -> None:
     p = _pool(report, "ts-contended")
     figures = p["evidence_figures"]
@@ -104,6 +107,7 @@ def test_contended_pool_gets_fewer_replicas_and_more_gpus(report: dict[str, Any]
     assert any("pending workloads mean 6.0" in line for line in p["evidence"])
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_memory_bound_pool_never_gets_more_replicas_than_memory_allows(report: dict[str, Any]) -> None:
     p = _pool(report, "ts-membound")
     memory = p["evidence_figures"]["replica_memory_p95_bytes"]
@@ -113,16 +117,18 @@ def test_memory_bound_pool_never_gets_more_replicas_than_memory_allows(report: d
     assert any("binding: memory" in line for line in p["evidence"])
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_idle_mig_pool_gets_smaller_instances_that_pass_the_mig_check(report: dict[str, Any]) -> None:
     p = _pool(report, "mig-idle")
     assert p["mig_layout_now"] == {"4g.40gb": 1, "3g.40gb": 1}
     proposed = p["mig_layout_proposed"]
     assert proposed and sum(proposed.values()) > 2
-    model = resolve(ENV, ROOT / "profiles").pool("mig-idle").nodes[0].gpu_model
+    model = resolve(ENV, PROFILES).pool("mig-idle").nodes[0].gpu_model
     assert max(model.profiles[q].compute_slices for q in proposed) < 3
     assert check_layout(model, layout_from_counts(proposed), 580).ok
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_patch_is_written_not_applied_and_resolves(report: dict[str, Any], tmp_path: Path) -> None:
     text = (Path(report["_out"]) / "dev.patch").read_text()
     assert ENV.read_text() == (ROOT / "tests" / "prometheus" / "capacity" / "dev.yaml").read_text()
@@ -131,29 +137,34 @@ def test_patch_is_written_not_applied_and_resolves(report: dict[str, Any], tmp_p
     # Apply the patch to copies and resolve them: every proposed layout and quota holds.
     import subprocess
 
+    # Paths in the patch are relative to the workspace holding the environment file (this checkout).
     (tmp_path / "tests" / "prometheus" / "capacity").mkdir(parents=True)
-    (tmp_path / "profiles").mkdir()
-    for path in (ROOT / "profiles").glob("*.yaml"):
-        (tmp_path / "profiles" / path.name).write_text(path.read_text())
+    profiles = tmp_path / PROFILES.relative_to(ROOT)
+    profiles.mkdir(parents=True)
+    for path in (PROFILES).glob("*.yaml"):
+        (profiles / path.name).write_text(path.read_text())
     (tmp_path / "tests" / "prometheus" / "capacity" / "dev.yaml").write_text(ENV.read_text())
     applied = subprocess.run(["patch", "-p1", "--no-backup-if-mismatch"], input=text, cwd=tmp_path, text=True,
                              capture_output=True, check=False)
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    fleet = resolve(tmp_path / "tests" / "prometheus" / "capacity" / "dev.yaml", tmp_path / "profiles")
+    fleet = resolve(tmp_path / "tests" / "prometheus" / "capacity" / "dev.yaml", profiles)
     assert fleet.pool("mig-idle").nodes[0].mig_layout == _pool(report, "mig-idle")["mig_layout_proposed"]
     llm = next(t for t in fleet.tenants if t.name == "llm")
     assert "nvidia.com/mig-4g.40gb" not in llm.quota
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_chart_is_a_png(report: dict[str, Any]) -> None:
     assert (Path(report["_out"]) / "capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_prometheus_does_the_aggregation(report: dict[str, Any]) -> None:
     assert report["queries"] <= 20
     assert report["prometheus_query_seconds"] > 0
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_text_report(prometheus: tuple[str, int], tmp_path: Path) -> None:
     url, end = prometheus
     result = runner.invoke(app, ["capacity", "--env", str(ENV), "--prometheus", url, "--window", f"{HOURS}h",
@@ -173,6 +184,7 @@ def test_wrong_url_is_a_clear_error(tmp_path: Path) -> None:
     assert "cannot reach Prometheus" in data["errors"][0]
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_not_a_prometheus_api_is_a_clear_error(prometheus: tuple[str, int]) -> None:
     url, _ = prometheus
     result = runner.invoke(app, ["capacity", "--env", str(ENV), "--prometheus", f"{url}/graph", "--json"])
@@ -180,6 +192,7 @@ def test_not_a_prometheus_api_is_a_clear_error(prometheus: tuple[str, int]) -> N
     assert "refused" in json.loads(result.stdout)["errors"][0]
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_no_data_in_the_window_is_an_error_not_a_number(prometheus: tuple[str, int]) -> None:
     url, end = prometheus
     result = runner.invoke(app, ["capacity", "--env", str(ENV), "--prometheus", url, "--window", "1h",
@@ -188,6 +201,7 @@ def test_no_data_in_the_window_is_an_error_not_a_number(prometheus: tuple[str, i
     assert "no GPU utilization for any pool" in json.loads(result.stdout)["errors"][0]
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_pool_without_series_is_a_stated_gap(prometheus: tuple[str, int], tmp_path: Path) -> None:
     url, end = prometheus
     data = yaml.safe_load(ENV.read_text())
@@ -197,7 +211,7 @@ def test_pool_without_series_is_a_stated_gap(prometheus: tuple[str, int], tmp_pa
     env = tmp_path / "environments" / "dev.yaml"
     env.parent.mkdir()
     env.write_text(yaml.safe_dump(data, sort_keys=False))
-    (tmp_path / "profiles").symlink_to(ROOT / "profiles")
+    (tmp_path / "profiles").symlink_to(PROFILES)
     result = runner.invoke(app, ["capacity", "--env", str(env), "--prometheus", url, "--window", f"{HOURS}h",
                                  "--end", str(end), "--json", "--patch", str(tmp_path / "p.patch")])
     assert result.exit_code == 0, result.output
@@ -208,7 +222,7 @@ def test_pool_without_series_is_a_stated_gap(prometheus: tuple[str, int], tmp_pa
 
 
 def test_short_coverage_withholds_the_recommendation() -> None:
-    fleet = resolve(ENV, ROOT / "profiles")
+    fleet = resolve(ENV, PROFILES)
     evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
     evidence["ts-underused"] = PoolEvidence("ts-underused", coverage=0.2, utilization_mean=0.1,
                                             utilization_p95=0.2, allocated_mean=8, allocated_p95=8)
@@ -218,7 +232,7 @@ def test_short_coverage_withholds_the_recommendation() -> None:
 
 def test_replicas_respect_the_environment_guardrail() -> None:
     """Compute and memory would allow 16 replicas on a 48 GB GPU; dev allows 8 for its memory class."""
-    fleet = resolve(ENV, ROOT / "profiles")
+    fleet = resolve(ENV, PROFILES)
     g = load_guardrails()
     evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
     evidence["ts-underused"] = PoolEvidence("ts-underused", coverage=1.0, utilization_mean=0.02,
@@ -229,7 +243,7 @@ def test_replicas_respect_the_environment_guardrail() -> None:
 
 
 def test_busy_mig_instances_stay() -> None:
-    fleet = resolve(ENV, ROOT / "profiles")
+    fleet = resolve(ENV, PROFILES)
     evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
     evidence["mig-idle"] = PoolEvidence("mig-idle", coverage=1.0, utilization_mean=0.7, utilization_p95=0.8, mig={
         "4g.40gb": MigEvidence("4g.40gb", 4, 0.85, 30 * GIB, 4),
@@ -238,6 +252,7 @@ def test_busy_mig_instances_stay() -> None:
     assert rec.mig_layout_proposed is None and not rec.gaps
 
 
+@pytest.mark.slow  # a real Prometheus server over backfilled series
 def test_recording_rules_give_the_same_recommendations(backfilled: tuple[Path, int], report: dict[str, Any],
                                                        tmp_path: Path) -> None:
     """Where gpushare's recording rules have run (here: backfilled by evaluating them with promtool, level by
@@ -250,7 +265,7 @@ def test_recording_rules_give_the_same_recommendations(backfilled: tuple[Path, i
     data, end = backfilled
     copy = tmp_path / "data"
     shutil.copytree(data, copy, ignore=shutil.ignore_patterns("wal", "chunks_head", "lock", "queries.active"))
-    groups = prometheus_rule_groups(resolve(ENV, ROOT / "profiles"), load_guardrails())
+    groups = prometheus_rule_groups(resolve(ENV, PROFILES), load_guardrails())
     backfill_recording_rules(groups, copy, tmp_path, end - HOURS * 3600, end)
     with prometheus_server(copy, tmp_path) as url:
         result = runner.invoke(app, ["capacity", "--env", str(ENV), "--prometheus", url, "--window", f"{HOURS}h",

@@ -265,3 +265,24 @@ def test_additions_for_a_model_or_profile_the_data_lacks_are_refused() -> None:
     }
     with pytest.raises(ValueError, match="9g.99gb"):
         build_catalog(RAW, bad)
+
+
+def test_h200_memory_on_driver_580_is_what_the_real_gpu_reported() -> None:
+    h200 = load_catalog().models["NVIDIA H200"]
+    on_580 = {name: h200.profile_memory_gib(name, 580) for name in h200.profiles}
+    assert on_580 == {"1g.18gb": 16.0, "1g.18gb+me": 16.0, "1g.35gb": 32.5, "2g.35gb": 32.5, "3g.71gb": 69.75,
+                      "4g.71gb": 69.75, "7g.141gb": 140.0}
+    # Another or an unknown driver gets the catalog's main value.
+    assert h200.profile_memory_gib("3g.71gb", 550) == h200.profile_memory_gib("3g.71gb", None) == 69.5
+    assert h200.profiles["7g.141gb"].memory_gib_values == (139.75, 140.0)
+
+
+@pytest.mark.parametrize(("memory", "says"), [
+    ({"3g.71gb": 70.0}, "neither memory_gib nor memory_gib_other_drivers"),
+    ({"3g.80gb": 69.75}, "not a profile of NVIDIA H200"),
+])
+def test_driver_memory_must_be_a_value_the_geometry_file_lists(memory: dict[str, float], says: str) -> None:
+    extra = yaml.safe_load((DATA / "catalog_extra.yaml").read_text())
+    extra["mig_models"]["NVIDIA H200"]["memory_by_driver"] = [{"driver_branch": 580, "memory_gib": memory}]
+    with pytest.raises(ValueError, match=says):
+        build_catalog(RAW, extra)

@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpushare.cli import app
-from tests.conftest import ENVIRONMENTS, ROOT
+from tests.conftest import ENVIRONMENTS, ROOT, SHIPPED_ENVIRONMENTS, host_named, pool_named
 
 runner = CliRunner()
 
@@ -21,6 +21,59 @@ def test_plan_table_shows_pools_and_ratio() -> None:
     for text in ("a100-inference", "h100-training", "l4-notebooks", "mig-balanced", "nvidia.com/gpu.shared x16",
                  "4.00", "environment dev", "1.27"):
         assert text in result.output
+
+
+def _pool_blocks(output: str) -> dict[str, dict[str, str]]:
+    """The narrow plan's pool blocks: `pool NAME` then `key: value` lines, continuation lines joined."""
+    blocks: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    key = ""
+    for line in output.splitlines():
+        if line.startswith("pool "):
+            current = blocks.setdefault(line.removeprefix("pool "), {})
+        elif current is not None and line.startswith("  ") and line.strip():
+            name, sep, value = line.strip().partition(": ")
+            if sep and not line.startswith("   "):
+                key, current[name] = name, value.strip()
+            else:
+                current[key] += "\n" + line.strip()
+        else:
+            current = None
+    return blocks
+
+
+def test_plan_at_80_columns_prints_a_block_per_pool_with_every_column() -> None:
+    result = runner.invoke(app, ["plan", "--env", "prod"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert not any(ch in result.output for ch in "┃│┏━"), "a squeezed table was printed"
+    plan = json.loads(runner.invoke(app, ["plan", "--env", "prod", "--json"]).output)
+    blocks = _pool_blocks(result.output)
+    assert list(blocks) == [p["name"] for p in plan["pools"]]
+    for pool in plan["pools"]:
+        block = blocks[pool["name"]]
+        assert set(block) == {"cluster", "nodes", "GPUs", "profile", "MIG layout per GPU", "advertised", "ratio",
+                              "isolation"}
+        assert block["cluster"] == pool["cluster"] and block["isolation"] == pool["isolation"]
+        assert block["ratio"] == f"{pool['oversubscription']:.2f}"
+        assert block["profile"] == f"{pool['profile']} ({pool['sharing']})"
+        assert block["advertised"].splitlines() == [f"{k} x{v}" for k, v in sorted(pool["advertised"].items())]
+    for cluster, shares in plan["tenancy"].items():
+        for tenant in shares:
+            assert any(line.startswith(f"tenant {tenant} in {cluster}: ") for line in lines), (tenant, cluster)
+    assert "environment prod:" in result.output and lines[-1] == "full detail: gpushare plan --json"
+
+
+def test_plan_at_200_columns_keeps_the_tables() -> None:
+    result = runner.invoke(app, ["plan", "--env", "prod"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.output.splitlines() if "┃ pool" in line)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == [
+        "pool", "cluster", "nodes", "GPUs", "profile", "MIG layout per GPU", "advertised", "ratio", "isolation"]
+    assert any(line.startswith("│ gke-l4-inference") and "prod-gke" in line for line in result.output.splitlines())
+    assert not _pool_blocks(result.output)
+    assert result.output.splitlines()[-1] == "full detail: gpushare plan --json"
 
 
 def test_plan_json() -> None:
@@ -39,7 +92,7 @@ def test_env_takes_a_path() -> None:
 
 
 def test_validate_lists_every_error_and_exits_1(tmp_path: Path, dev_data: dict[str, Any]) -> None:
-    dev_data["pools"][0]["hosts"][0]["gpu_cuont"] = 8
+    host_named(dev_data, "dev-a100-01")["gpu_cuont"] = 8
     dev_data["defaults"]["driver_brunch"] = 570
     path = tmp_path / "dev.yaml"
     path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
@@ -51,7 +104,7 @@ def test_validate_lists_every_error_and_exits_1(tmp_path: Path, dev_data: dict[s
 
 
 def test_validate_json_errors(tmp_path: Path, dev_data: dict[str, Any]) -> None:
-    dev_data["pools"][2]["profile"] = "mig-balanced"
+    pool_named(dev_data, "l4-notebooks")["profile"] = "mig-balanced"
     path = tmp_path / "dev.yaml"
     path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
     result = runner.invoke(app, ["validate", "--env", str(path), "--json"])
@@ -78,7 +131,7 @@ def test_render_writes_files(tmp_path: Path) -> None:
 
 
 def test_render_bad_input_writes_nothing(tmp_path: Path, dev_data: dict[str, Any]) -> None:
-    dev_data["pools"][0]["gpu_model"] = "NVIDIA H100 90GB"
+    pool_named(dev_data, "a100-inference")["gpu_model"] = "NVIDIA H100 90GB"
     path = tmp_path / "dev.yaml"
     path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
     out = tmp_path / "out"
@@ -100,7 +153,7 @@ def test_shipped_files_validate_against_the_schema() -> None:
 
     env_schema = json.loads((ROOT / "schema" / "environment.schema.json").read_text())
     profile_schema = json.loads((ROOT / "schema" / "profile.schema.json").read_text())
-    for path in ENVIRONMENTS.glob("*.yaml"):
+    for path in SHIPPED_ENVIRONMENTS.glob("*.yaml"):
         jsonschema.validate(yaml.safe_load(path.read_text()), env_schema)
     for path in (ROOT / "profiles").glob("*.yaml"):
         jsonschema.validate(yaml.safe_load(path.read_text()), profile_schema)
@@ -115,7 +168,7 @@ def test_python_m_gpushare_works() -> None:
 
 
 def test_error_text_in_brackets_is_printed_as_written(tmp_path: Path, dev_data: dict[str, Any]) -> None:
-    dev_data["pools"][0]["gpu_model"] = "[bold]NVIDIA X[/]"
+    pool_named(dev_data, "a100-inference")["gpu_model"] = "[bold]NVIDIA X[/]"
     path = tmp_path / "dev.yaml"
     path.write_text(yaml.safe_dump(dev_data, sort_keys=False))
     result = runner.invoke(app, ["validate", "--env", str(path)], env={"COLUMNS": "300"})

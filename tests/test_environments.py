@@ -10,11 +10,19 @@ import pytest
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.resolve import resolve, resolve_env
-from tests.conftest import ENVIRONMENTS, PROFILES
+from tests.conftest import (
+    ENVIRONMENTS,
+    PROFILES,
+    SHIPPED_ENVIRONMENTS,
+    cluster_named,
+    host_named,
+    pool_named,
+    tenant_named,
+)
 
 
 @pytest.mark.parametrize("env", ["dev", "pilot", "prod"])
-def test_shipped_environment_resolves(env: str) -> None:
+def test_shipped_environment_resolves(env: str, shipped_workspace: Path) -> None:
     fleet = resolve_env(env)
     assert fleet.environment == env
     kinds = {p.cluster_kind for p in fleet.pools}
@@ -30,7 +38,7 @@ def test_shipped_environment_resolves(env: str) -> None:
 
 @pytest.mark.parametrize("env", ["dev", "pilot", "prod"])
 def test_environment_files_point_at_the_schema(env: str) -> None:
-    first = (ENVIRONMENTS / f"{env}.yaml").read_text().splitlines()[0]
+    first = (SHIPPED_ENVIRONMENTS / f"{env}.yaml").read_text().splitlines()[0]
     assert first == "# yaml-language-server: $schema=../schema/environment.schema.json"
 
 
@@ -51,7 +59,7 @@ Mutate = Callable[[dict[str, Any]], None]
 
 
 def _misspelt_key(d: dict[str, Any]) -> None:
-    d["pools"][0]["hosts"][0]["gpu_cuont"] = 8
+    host_named(d, "dev-a100-01")["gpu_cuont"] = 8
 
 
 def test_misspelt_key_names_file_line_path_and_suggests(dev_data: dict[str, Any], write_env: Any) -> None:
@@ -67,14 +75,13 @@ def test_misspelt_key_names_file_line_path_and_suggests(dev_data: dict[str, Any]
 
 CASES: list[tuple[str, Mutate, str, str]] = [
     ("unknown GPU model",
-     lambda d: d["pools"][1].__setitem__("gpu_model", "NVIDIA H100 90GB"),
+     lambda d: pool_named(d, "h100-training").__setitem__("gpu_model", "NVIDIA H100 90GB"),
      "pools[1].gpu_model", "H100 90GB"),
     ("MIG profile on a GPU without MIG",
-     lambda d: d["pools"][2].__setitem__("profile", "mig-balanced"),
+     lambda d: pool_named(d, "l4-notebooks").__setitem__("profile", "mig-balanced"),
      "pools[2].profile", "NVIDIA L4 has no MIG"),
     ("explicit layout missing for the model",
-     lambda d: d["pools"][0].__setitem__("gpu_model", "NVIDIA A30") or d["pools"][0].__setitem__(
-         "profile", "mig-llm-serving"),
+     lambda d: pool_named(d, "a100-inference").update(gpu_model="NVIDIA A30", profile="mig-llm-serving"),
      "pools[0].profile", "has no layout for NVIDIA A30"),
     ("replicas below 2",
      lambda d: d.setdefault("profiles", []).append(
@@ -85,44 +92,47 @@ CASES: list[tuple[str, Mutate, str, str]] = [
          {"name": "mps-mig", "kind": "mps", "mps": {"replicas": 2}, "mig": {"layout": "balanced"}}),
      "profiles[0]", "MPS is never used on MIG devices"),
     ("duplicate host in one pool",
-     lambda d: d["pools"][0]["hosts"].append({"name": "dev-a100-01", "address": "10.40.1.99", "gpu_count": 8}),
+     lambda d: pool_named(d, "a100-inference")["hosts"].append(
+         {"name": "dev-a100-01", "address": "10.40.1.99", "gpu_count": 8}),
      "pools[0].hosts[1].name", "listed twice in this pool"),
     ("host in two pools",
-     lambda d: d["pools"][1]["hosts"].append({"name": "dev-a100-01", "address": "10.40.1.98", "gpu_count": 8}),
+     lambda d: pool_named(d, "h100-training")["hosts"].append(
+         {"name": "dev-a100-01", "address": "10.40.1.98", "gpu_count": 8}),
      "pools[1].hosts[1].name", "in pools 'a100-inference' and 'h100-training'"),
     ("two hosts, one address",
-     lambda d: d["pools"][1]["hosts"].append({"name": "dev-h100-02", "address": "10.40.2.11", "gpu_count": 8}),
+     lambda d: pool_named(d, "h100-training")["hosts"].append(
+         {"name": "dev-h100-02", "address": "10.40.2.11", "gpu_count": 8}),
      "pools[1].hosts[1].address", "also host 'dev-h100-01'"),
     ("tenant quota on a resource no pool advertises",
-     lambda d: d["tenants"][0]["quota"].__setitem__("nvidia.com/mig-7g.80gb", 1),
+     lambda d: tenant_named(d, "search")["quota"].__setitem__("nvidia.com/mig-7g.80gb", 1),
      "tenants[0].quota.nvidia.com/mig-7g.80gb", "no pool in dev-metal advertises"),
     ("borrowing without quota",
-     lambda d: d["tenants"][1].__setitem__("borrowing_limit", {"nvidia.com/gpu.shared": 2}),
+     lambda d: tenant_named(d, "research").__setitem__("borrowing_limit", {"nvidia.com/gpu.shared": 2}),
      "tenants[1].borrowing_limit.nvidia.com/gpu.shared", "has no quota on it"),
     ("unknown cluster",
-     lambda d: d["pools"][0].__setitem__("cluster", "nowhere"),
+     lambda d: pool_named(d, "a100-inference").__setitem__("cluster", "nowhere"),
      "pools[0].cluster", "unknown cluster 'nowhere'"),
     ("unknown profile",
-     lambda d: d["pools"][0].__setitem__("profile", "mig-huge"),
+     lambda d: pool_named(d, "a100-inference").__setitem__("profile", "mig-huge"),
      "pools[0].profile", "unknown sharing profile 'mig-huge'"),
     ("MPS with the mixed strategy",
-     lambda d: d["pools"][2].__setitem__("profile", "mps-4"),
+     lambda d: pool_named(d, "l4-notebooks").__setitem__("profile", "mps-4"),
      "pools[2].profile", "refuses MPS with the mixed strategy"),
     ("several MIG profiles under the single strategy",
-     lambda d: d["clusters"][0].__setitem__("mig_strategy", "single"),
+     lambda d: cluster_named(d, "dev-metal").__setitem__("mig_strategy", "single"),
      "pools[0].profile", "mig_strategy single"),
     ("profile too new for the host's driver",
-     lambda d: d["pools"][0].update(gpu_model="NVIDIA A100-SXM4-40GB", profile="mig-a100-40-small")
-     or d["pools"][0]["hosts"][0].__setitem__("driver_branch", 470)
+     lambda d: pool_named(d, "a100-inference").update(gpu_model="NVIDIA A100-SXM4-40GB", profile="mig-a100-40-small")
+     or host_named(d, "dev-a100-01").__setitem__("driver_branch", 470)
      or d.setdefault("profiles", []).append({"name": "mig-a100-40-small", "kind": "mig",
                                              "mig": {"layouts": {"NVIDIA A100-SXM4-40GB": "1g.10gb=4"}}}),
      "pools[0].profile", "R525"),
     ("cloud pool in a bare-metal cluster",
-     lambda d: d["pools"][2].update(hosts=[], cloud={"machine_type": "g2-standard-24", "gpus_per_node": 2,
-                                                      "node_count": 1}),
+     lambda d: pool_named(d, "l4-notebooks").update(
+         hosts=[], cloud={"machine_type": "g2-standard-24", "gpus_per_node": 2, "node_count": 1}),
      "pools[2].cloud", "cluster 'dev-metal' is bare metal"),
     ("host label in gpushare's namespace",
-     lambda d: d["pools"][0].__setitem__("labels", {"gpushare.io/pool": "x"}),
+     lambda d: pool_named(d, "a100-inference").__setitem__("labels", {"gpushare.io/pool": "x"}),
      "pools[0].labels", "set by gpushare itself"),
 ]
 
@@ -144,7 +154,7 @@ def test_bad_input_is_located(case: str, mutate: Mutate, path: str, text: str,
 def test_layout_that_does_not_fit(dev_data: dict[str, Any], write_env: Any) -> None:
     dev_data["profiles"] = [{"name": "too-big", "kind": "mig",
                              "mig": {"layouts": {"NVIDIA A100-SXM4-80GB": "4g.40gb=1,3g.40gb=1,1g.10gb=1"}}}]
-    dev_data["pools"][0]["profile"] = "too-big"
+    pool_named(dev_data, "a100-inference")["profile"] = "too-big"
     problems = problems_of(write_env(dev_data))
     assert {p.path for p in problems} == {"pools[0].profile"}
     assert all("NVIDIA A100-SXM4-80GB" in p.message and "too-big" in p.message for p in problems)
@@ -197,13 +207,13 @@ def test_unknown_environment_name_is_unusable_input() -> None:
 
 
 def test_every_problem_is_reported_at_once(dev_data: dict[str, Any], write_env: Any) -> None:
-    dev_data["pools"][1]["gpu_model"] = "NVIDIA H100 90GB"
-    dev_data["pools"][2]["profile"] = "mig-balanced"
-    dev_data["tenants"][0]["quota"]["nvidia.com/mig-7g.80gb"] = 1
-    dev_data["pools"][0]["hosts"][0]["gpu_count"] = 0
+    pool_named(dev_data, "h100-training")["gpu_model"] = "NVIDIA H100 90GB"
+    pool_named(dev_data, "l4-notebooks")["profile"] = "mig-balanced"
+    tenant_named(dev_data, "search")["quota"]["nvidia.com/mig-7g.80gb"] = 1
+    host_named(dev_data, "dev-a100-01")["gpu_count"] = 0
     paths = {p.path for p in problems_of(write_env(dev_data))}
     assert paths == {"pools[0].hosts[0].gpu_count"}  # schema errors stop before resolution
-    dev_data["pools"][0]["hosts"][0]["gpu_count"] = 8
+    host_named(dev_data, "dev-a100-01")["gpu_count"] = 8
     paths = {p.path for p in problems_of(write_env(dev_data))}
     # What the failed pools would advertise is unknown, so quotas are not judged against it.
     assert paths == {"pools[1].gpu_model", "pools[2].profile"}

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import json
+import sys
 import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpushare.core.catalog import GpuModel, load_catalog
 
@@ -158,3 +161,127 @@ def test_missing_and_unexpected_profiles() -> None:
     assert {"profile": "2g.10gb", "field": "nvml_profile_index", "catalog": 1, "nvml": 6} in moved[
         "mismatches"
     ]
+
+
+# ---------------------------------------------------------------- the real H200 capture, and --full against fakes
+
+CAPTURE = Path(__file__).resolve().parent / "data" / "nvidia" / "h200-580.159.04"
+FULL = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check_full.py"
+_full_spec = importlib.util.spec_from_file_location("gpu_check_full", FULL)
+assert _full_spec is not None and _full_spec.loader is not None
+gpu_check_full = importlib.util.module_from_spec(_full_spec)
+sys.modules["gpu_check_full"] = gpu_check_full  # dataclasses look their module up there
+_full_spec.loader.exec_module(gpu_check_full)
+
+
+def captured(name: str) -> Any:
+    text = (CAPTURE / "capture" / name).read_text()
+    return json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+
+
+def test_the_real_h200_on_driver_580_confirms_the_catalog() -> None:
+    """NVML's answers on the real GPU (nvml_dump.json), memory included: the 580 values are accepted."""
+    gpu = model("NVIDIA H200")
+    rows = {p["v1"]["id"]: p for p in captured("nvml_dump.json")["gpus"][0]["profiles"] if p.get("v1")}
+    assert sorted(rows) == sorted(p.id for p in gpu.profiles.values())
+    overrides = {p.name: {"index": rows[p.id]["index"], "sliceCount": rows[p.id]["v1"]["sliceCount"],
+                          "memorySizeMB": rows[p.id]["v1"]["memorySizeMB"],
+                          "instanceCount": rows[p.id]["v1"]["instanceCount"],
+                          "placements": [tuple(x) for x in rows[p.id]["placements"]]}
+                 for p in gpu.profiles.values()}
+    report = gpu_check.compare_gpu(fake_nvml(gpu, overrides), 0, gpu, 580)
+    assert report["mismatches"] == [] and report["unconfirmed"] == []
+    memory = {c["profile"]: c["value"] for c in report["confirmed"] if c["field"] == "memory_gib"}
+    assert memory == {p.name: p.memory_gib_on(580) for p in gpu.profiles.values()}
+
+
+def test_nvidias_generated_configs_equal_the_catalog() -> None:
+    gpu = model("NVIDIA H200")
+    report = gpu_check_full.compare_generated(captured("mig-parted-generate-config.yaml"), gpu, 580)
+    assert report["mismatches"] == []
+    assert {"field": "all-balanced", "value": {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}} in report["confirmed"]
+    assert len(report["confirmed"]) == 2 + len(gpu.profiles)
+
+
+def test_a_generated_config_that_differs_is_a_mismatch() -> None:
+    generated = captured("mig-parted-generate-config.yaml")
+    generated["mig-configs"]["all-balanced"][0]["mig-devices"] = {"1g.18gb": 3, "2g.35gb": 2}
+    generated["mig-configs"]["all-2g.35gb"][0]["mig-devices"] = {"2g.35gb": 2}
+    del generated["mig-configs"]["all-1g.18gb.me"]
+    report = gpu_check_full.compare_generated(generated, model("NVIDIA H200"), 580)
+    assert {m["field"] for m in report["mismatches"]} == {"all-balanced", "profiles", "all-2g.35gb count"}
+
+
+def captured_runner(argv: list[str], timeout: float) -> Any:
+    """mig-parted as it answered on the real H200 (MIG disabled)."""
+    done = gpu_check_full.Done
+    if argv[1] == "generate-config":
+        return done(0, (CAPTURE / "capture" / "mig-parted-generate-config.yaml").read_text())
+    name = argv[argv.index("-c") + 1]
+    if "--valid-config" in argv:
+        return done(0, "Selected MIG configuration is valid\n")
+    answer = next(a for a in captured("mig-parted-assert.json") if a["cmd"].endswith(f"-c {name}"))
+    return done(answer["rc"], "\n".join(answer["log_tail"]))
+
+
+def captured_plugin(advertised: dict[str, Any]) -> Any:
+    """The device plugin as the stand-in saw it on the real H200, keyed by the rendered config's name."""
+    def start(tools: Any, config: Path, extra: list[str]) -> dict[str, Any]:
+        seen = advertised[config.stem]["advertised"]
+        return {"resources": {name: {"devices": [{"id": i} for i in ids]} for name, ids in seen.items()}}
+    return start
+
+
+def full_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, advertised: dict[str, Any]) -> dict[str, Any]:
+    monkeypatch.setattr(gpu_check_full, "PLUGIN_DIR", tmp_path)
+    monkeypatch.setenv("GPUSHARE_ROOT", str(Path(__file__).resolve().parents[1]))
+    tools = gpu_check_full.Tools("nvidia-mig-parted", "nvidia-device-plugin", "standin.py")
+    return gpu_check_full.full_report(CAPTURE / "environments" / "h200.yaml", model("NVIDIA H200"), 1, 580, True,
+                                      tools, [], captured_runner, captured_plugin(advertised))
+
+
+def test_full_check_on_the_captured_h200_agrees_with_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = full_report(tmp_path, monkeypatch, captured("device-plugin-advertised.json"))
+    assert not gpu_check_full.has_mismatches(report), report
+    plugin = {c["config"]: c["plan"] for c in report["device_plugin"]["configs"]}
+    # The three configs the real plugin was fed; MPS and MIG configs are not started.
+    assert plugin == {"exclusive-6d445569": {"nvidia.com/gpu": 1},
+                      "inference-ts2-b6e93724": {"nvidia.com/gpu.shared": 2},
+                      "notebooks-ts4-538eaa36": {"nvidia.com/gpu.shared": 4}}
+    asserted = {c["config"]: (c["valid"], c["applied"]) for c in report["mig_parted_assert"]["configs"]}
+    assert asserted["all-disabled"] == (True, True) and len(asserted) == 3
+    assert not any(applied for name, (_, applied) in asserted.items() if name != "all-disabled")
+
+
+def test_full_check_reports_a_plugin_that_advertises_otherwise(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    advertised = captured("device-plugin-advertised.json")
+    shared = advertised["notebooks-ts4-538eaa36"]["advertised"]["nvidia.com/gpu.shared"]
+    shared.pop()
+    report = full_report(tmp_path, monkeypatch, advertised)
+    assert report["device_plugin"]["mismatches"] == [{"config": "notebooks-ts4-538eaa36", "plan": {
+        "nvidia.com/gpu.shared": 4}, "advertised": {"nvidia.com/gpu.shared": 3}}]
+
+
+def test_full_check_never_starts_the_plugin_beside_a_kubelet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "kubelet.sock").write_text("")
+    report = full_report(tmp_path, monkeypatch, {})
+    assert "live node" in report["device_plugin"]["skipped"] and report["device_plugin"]["mismatches"] == []
+
+
+def test_full_needs_an_environment() -> None:
+    with pytest.raises(SystemExit) as exit_:
+        gpu_check.parse_args(["--full"])
+    assert exit_.value.code == 2
+
+
+def test_the_files_the_real_gpu_was_given_are_what_gpushare_renders_today(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpushare.core.resolve import resolve
+    from gpushare.render.fleet import render_fleet
+
+    monkeypatch.setenv("GPUSHARE_ROOT", str(Path(__file__).resolve().parents[1]))
+    files = render_fleet(resolve(CAPTURE / "environments" / "h200.yaml")).files
+    given = {p.relative_to(CAPTURE / "capture" / "rendered").as_posix(): p.read_text()
+             for p in (CAPTURE / "capture" / "rendered").rglob("*.yaml")}
+    assert given.pop("mig-parted-config.yaml") == files["mig-parted/config.yaml"]
+    assert len(given) == 3 and all(files[rel] == text for rel, text in given.items())

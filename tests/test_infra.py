@@ -11,13 +11,13 @@ import yaml
 
 from gpushare.core.errors import GpushareError
 from gpushare.ops.preview import Plan, collect_plan, stack_config
-from tests.conftest import ROOT
+from tests.conftest import ENVIRONMENTS, WORKSPACE, cluster_named, pool_named
 
 STACKS = ["dev", "pilot", "prod"]
 
 
 def stack(env: str) -> dict[str, Any]:
-    return dict(yaml.safe_load((ROOT / f"Pulumi.{env}.yaml").read_text())["config"])
+    return dict(yaml.safe_load((WORKSPACE / f"Pulumi.{env}.yaml").read_text())["config"])
 
 
 def plan_with(env: str, **changes: Any) -> Plan:
@@ -37,7 +37,7 @@ def test_each_stack_names_its_environment(env: str) -> None:
     outputs = collect_plan(env).outputs
     assert outputs["environment"]["name"] == env
     pools = {k.removeprefix("pool:") for k in outputs if k.startswith("pool:")}
-    env_data = yaml.safe_load((ROOT / "environments" / f"{env}.yaml").read_text())
+    env_data = yaml.safe_load((ENVIRONMENTS / f"{env}.yaml").read_text())
     assert pools == {p["name"] for p in env_data["pools"]}
 
 
@@ -54,7 +54,7 @@ def test_outputs_carry_capacity() -> None:
 @pytest.mark.parametrize("env", STACKS)
 def test_every_cluster_gets_its_own_provider_stack_and_monitoring(env: str) -> None:
     plan = collect_plan(env)
-    env_data = yaml.safe_load((ROOT / "environments" / f"{env}.yaml").read_text())
+    env_data = yaml.safe_load((ENVIRONMENTS / f"{env}.yaml").read_text())
     clusters = {c["name"]: c for c in env_data["clusters"]}
     providers = {r.name: r for r in plan.of_type("pulumi:providers:kubernetes")}
     assert set(providers) == set(clusters)
@@ -74,8 +74,8 @@ def test_prod_protects_the_operator_release_and_dev_does_not() -> None:
 
 
 def test_invalid_environment_fails_the_program(tmp_path: Path) -> None:
-    data = yaml.safe_load((ROOT / "environments" / "dev.yaml").read_text())
-    data["pools"][0]["gpu_model"] = "NVIDIA H100 90GB"
+    data = yaml.safe_load((ENVIRONMENTS / "dev.yaml").read_text())
+    pool_named(data, "a100-inference")["gpu_model"] = "NVIDIA H100 90GB"
     path = tmp_path / "dev.yaml"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(GpushareError, match=r"pools\[0\]\.gpu_model"):
@@ -124,8 +124,8 @@ def test_cluster_settings_must_name_a_cluster_of_the_environment() -> None:
 
 
 def test_a_cluster_without_a_kubeconfig_context_is_refused(tmp_path: Path) -> None:
-    data = yaml.safe_load((ROOT / "environments" / "dev.yaml").read_text())
-    del data["clusters"][0]["kubeconfig_context"]
+    data = yaml.safe_load((ENVIRONMENTS / "dev.yaml").read_text())
+    del cluster_named(data, "dev-metal")["kubeconfig_context"]
     path = tmp_path / "dev.yaml"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(GpushareError, match="no kubeconfig context"):

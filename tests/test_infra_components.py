@@ -20,7 +20,7 @@ from gpushare.core.resolve import resolve, resolve_env
 from gpushare.ops.preview import Plan, PlannedResource, collect_plan
 from gpushare.program.components import operator_values as ov
 from gpushare.render.fleet import render_fleet
-from tests.conftest import ROOT
+from tests.conftest import ENVIRONMENTS, PROFILES, ROOT, WORKSPACE, pool_named
 
 FIXTURES = ROOT / "tests" / "data" / "infra"
 GKE = {"gpushare:monitoring": {"mode": "install"},
@@ -35,7 +35,7 @@ TAINTS = {"gpushare:monitoring": {"mode": "install"}}
 
 @functools.cache
 def shipped(env: str) -> Plan:
-    """A shipped stack's plan, collected once per test session (tests only read it)."""
+    """A frozen fixture stack's plan, collected once per test session (tests only read it)."""
     return collect_plan(env)
 
 
@@ -45,7 +45,7 @@ def plan_of(env_file: Path | str, extra: dict[str, Any] | None = None, stack: st
 
 
 def dev_config(**changes: Any) -> dict[str, Any]:
-    config = dict(yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"])
+    config = dict(yaml.safe_load((WORKSPACE / "Pulumi.dev.yaml").read_text())["config"])
     config.update({f"gpushare:{k}": v for k, v in changes.items()})
     return config
 
@@ -122,7 +122,7 @@ MIXED_PROGRAM = textwrap.dedent('''
     from gpushare.program.program import plan_cluster, register_cluster
     from gpushare.program.stack_config import load_stack_config
 
-    fleet = resolve(Path({root!r}) / "environments" / "dev.yaml")
+    fleet = resolve(Path({env!r}))
     pool = fleet.pool("l4-notebooks")
     node = pool.nodes[0]
     labels = dict(node.labels)
@@ -137,7 +137,7 @@ MIXED_PROGRAM = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def mixed_plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
     program = tmp_path_factory.mktemp("mixed") / "program.py"
-    program.write_text(MIXED_PROGRAM.format(root=str(ROOT)))
+    program.write_text(MIXED_PROGRAM.format(root=str(ROOT), env=str(ENVIRONMENTS / "dev.yaml")))
     return collect_plan("dev", dev_config(), program=program)
 
 
@@ -205,7 +205,7 @@ def test_gke_managed_time_sharing_carries_the_profiles_replicas_and_the_shared_t
     plan = shipped("pilot")
     (pool,) = node_pools(plan).values()
     (acc,) = pool["nodeConfig"]["guestAccelerators"]
-    profile = yaml.safe_load((ROOT / "profiles" / "inference-ts2.yaml").read_text())
+    profile = yaml.safe_load((PROFILES / "inference-ts2.yaml").read_text())
     assert acc["gpuSharingConfig"] == {"gpuSharingStrategy": "TIME_SHARING",
                                        "maxSharedClientsPerGpu": profile["time_slicing"]["replicas"]}
     assert acc["type"] == "nvidia-l4" and acc["count"] == 2
@@ -253,7 +253,7 @@ def test_gke_cluster_gets_the_priority_quota_and_the_driver_installer_before_the
     assert {quota.urn, installer.urn} <= set(release.dependencies)
     assert quota.inputs["spec"]["scopeSelector"]["matchExpressions"][0]["values"] == [
         "system-node-critical", "system-cluster-critical"]
-    # Cloud node pools come after the NVIDIA stack (DESIGN's order).
+    # Cloud node pools come after the NVIDIA stack (the order of docs/rollout.md).
     for pool in gke_plan.of_type("container/nodePool:NodePool"):
         assert release.urn in pool.dependencies
 
@@ -287,14 +287,14 @@ def test_a_profile_gke_cannot_express_is_refused(profile: dict[str, Any], messag
                                                  write_env: Callable[..., Path]) -> None:
     data = yaml.safe_load((FIXTURES / "gke-operator.yaml").read_text())
     data["profiles"] = [profile]
-    data["pools"][1]["profile"] = profile["name"]
+    pool_named(data, "a100-gke-mig")["profile"] = profile["name"]
     with pytest.raises(GpushareError, match=message):
         plan_of(write_env(data), GKE)
 
 
 def test_gke_node_counts_must_spread_evenly_over_zones(write_env: Callable[..., Path]) -> None:
     data = yaml.safe_load((FIXTURES / "gke-operator.yaml").read_text())
-    data["pools"][1]["cloud"]["node_count"] = 3
+    pool_named(data, "a100-gke-mig")["cloud"]["node_count"] = 3
     with pytest.raises(GpushareError, match="cannot be spread evenly over 2 zones"):
         plan_of(write_env(data), GKE)
 
@@ -394,11 +394,11 @@ def plugin_hash(plan: Plan) -> str:
 
 
 def test_a_changed_sharing_config_changes_the_plugins_hash(write_env: Callable[..., Path]) -> None:
-    data = yaml.safe_load((ROOT / "environments" / "dev.yaml").read_text())
+    data = yaml.safe_load((ENVIRONMENTS / "dev.yaml").read_text())
     before = plugin_hash(collect_plan("dev", dev_config(environment=str(write_env(data, "a/dev.yaml")))))
     assert before == plugin_hash(shipped("dev"))  # same fleet, same hash
     data["profiles"] = [{"name": "notebooks-ts8", "kind": "time-slicing", "time_slicing": {"replicas": 8}}]
-    data["pools"][2]["profile"] = "notebooks-ts8"
+    pool_named(data, "l4-notebooks")["profile"] = "notebooks-ts8"
     data["tenants"] = [t for t in data["tenants"] if "nvidia.com/gpu.shared" not in t["quota"]]
     after_plan = collect_plan("dev", dev_config(environment=str(write_env(data, "b/dev.yaml"))))
     assert plugin_hash(after_plan) != before
@@ -427,9 +427,9 @@ def test_kept_configs_stay_in_the_configmap_until_a_later_up(tmp_path: Path,
     (name,) = [f.removeprefix("device-plugin/").removesuffix(".yaml") for f in old.files
                if f.startswith("device-plugin/notebooks-ts4-")]
     (tmp_path / "old.yaml").write_text(old.files[f"device-plugin/{name}.yaml"])
-    data = yaml.safe_load((ROOT / "environments" / "dev.yaml").read_text())
+    data = yaml.safe_load((ENVIRONMENTS / "dev.yaml").read_text())
     data["profiles"] = [{"name": "notebooks-ts8", "kind": "time-slicing", "time_slicing": {"replicas": 8}}]
-    data["pools"][2]["profile"] = "notebooks-ts8"
+    pool_named(data, "l4-notebooks")["profile"] = "notebooks-ts8"
     data["tenants"] = [t for t in data["tenants"] if "nvidia.com/gpu.shared" not in t["quota"]]
     env = str(write_env(data))
 

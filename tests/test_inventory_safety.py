@@ -1,5 +1,6 @@
-"""Strings from environment files stay data (safety rule 12): `gpushare validate` refuses a template expression or a
-command substitution in every string field, and Ansible never evaluates one that reaches it from the inventory."""
+"""Strings from environment files stay data (docs/safety-rules.md rule 12): `gpushare validate` refuses a template
+expression or a command substitution in every string field, and Ansible never evaluates one that reaches it from the
+inventory."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from gpushare.cli import app
 from gpushare.core.resolve import resolve
 from gpushare.core.spec import Environment, format_path
 from gpushare.ops.inventory import build_inventory
-from tests.conftest import ROOT
+from tests.conftest import PROFILES, ROOT, WORKSPACE
 
 FIXTURES = ROOT / "tests" / "data" / "inventory_safety"
 EVERY_STRING = FIXTURES / "environments" / "every-string.yaml"
@@ -217,7 +218,7 @@ def test_validate_refuses_template_and_shell_text_in_every_string_field(tmp_path
 def test_a_profile_file_description_is_refused_too(tmp_path: Path) -> None:
     profiles = tmp_path / "profiles"
     profiles.mkdir()
-    profile = yaml.safe_load((ROOT / "profiles" / "exclusive.yaml").read_text())
+    profile = yaml.safe_load((PROFILES / "exclusive.yaml").read_text())
     profile["description"] = "Whole GPUs " + attacks(tmp_path)["expression"]
     (profiles / "exclusive.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
     result = runner.invoke(app, ["validate", "--env", str(EVERY_STRING), "--profiles", str(profiles), "--json"])
@@ -354,7 +355,8 @@ def run_tampered(tmp_path: Path, payload: str, *args: str, mark_trusted: bool = 
     env = {"PATH": f"{ANSIBLE_BIN}:/usr/bin:/bin", "HOME": str(tmp_path),
            "ANSIBLE_INVENTORY_PLUGINS": str(FIXTURES / "inventory_plugins"),
            "ANSIBLE_INVENTORY_ENABLED": "gpushare_tampered", "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True",
-           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"), "ANSIBLE_NOCOLOR": "1"}
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"), "ANSIBLE_NOCOLOR": "1",
+           "GPUSHARE_ROOT": str(WORKSPACE)}  # the plugin runs from tmp_path, in no workspace
     return subprocess.run([str(ANSIBLE_BIN / args[0]), "-i", str(attack), *args[1:]], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
 

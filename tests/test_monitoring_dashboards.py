@@ -17,6 +17,7 @@ from gpushare.render.monitoring.fields import exported_fields
 from gpushare.render.monitoring.grafana import panel_queries, variable_queries
 from gpushare.render.monitoring.promql import metric_names, substitute_variables
 from gpushare.render.monitoring.rules import KUBE_STATE_METRICS, KUEUE_METRICS
+from tests.conftest import PROFILES
 from tests.prometheus.promtool import run_promtool
 
 # What Grafana puts in place of each variable: an "All" selection and its built-in intervals.
@@ -96,7 +97,7 @@ def test_fleet_without_mig_or_sharing_gets_no_mig_dashboard_or_replica_panel(dev
 
     dev_data["pools"] = [p for p in dev_data["pools"] if p["profile"] == "exclusive"]
     dev_data["tenants"] = [t for t in dev_data["tenants"] if "nvidia.com/gpu" in t["quota"]]
-    boards = dashboards(resolve(write_env(dev_data), Path(__file__).resolve().parents[1] / "profiles"))
+    boards = dashboards(resolve(write_env(dev_data), PROFILES))
     assert "gpushare-mig.json" not in boards
     titles = {title for title, _ in panel_queries(boards["gpushare-overview.json"])}
     assert "Memory per replica" not in titles

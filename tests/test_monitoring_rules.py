@@ -24,6 +24,7 @@ from gpushare.render.monitoring import (
 from gpushare.render.monitoring.fields import REQUIRED_FIELDS, exported_fields
 from gpushare.render.monitoring.promql import ksm_label, metric_names
 from gpushare.render.monitoring.rules import KUBE_STATE_METRICS, KUEUE_METRICS, PROMOTION_NODE_LABELS
+from tests.conftest import PROFILES, WORKSPACE
 from tests.prometheus.promtool import MONITORING_ENV, render_tests, run_promtool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,7 @@ CRD = Path(__file__).resolve().parent / "prometheus" / "crd-monitoring.coreos.co
 
 @pytest.fixture(scope="module")
 def fleet() -> ResolvedFleet:
-    return resolve(MONITORING_ENV, ROOT / "profiles")
+    return resolve(MONITORING_ENV, PROFILES)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +108,7 @@ def test_every_recording_rule_is_tested_both_ways(
 
 
 @pytest.mark.parametrize("env", ["dev", "pilot", "prod"])
-def test_shipped_environments_pass_promtool_check_rules(tmp_path: Path, env: str) -> None:
+def test_shipped_environments_pass_promtool_check_rules(tmp_path: Path, env: str, shipped_workspace: Path) -> None:
     fleet = resolve_env(env)
     files = []
     for cluster in fleet.clusters:
@@ -220,7 +221,7 @@ def test_bad_monitoring_and_capacity_policy_is_an_error(tmp_path: Path, section:
                                                         text: str) -> None:
     from gpushare.core.errors import GpushareError
 
-    data = yaml.safe_load((ROOT / "policies" / "guardrails.yaml").read_text())
+    data = yaml.safe_load((WORKSPACE / "policies" / "guardrails.yaml").read_text())
     data[section][key] = value
     path = tmp_path / "guardrails.yaml"
     path.write_text(yaml.safe_dump(data))

@@ -26,7 +26,7 @@ from gpushare.policy.rules import (
     evaluate,
     load_waivers,
 )
-from tests.conftest import PROFILES, ROOT
+from tests.conftest import PROFILES, WORKSPACE, pool_named, tenant_named
 
 TODAY = date(2026, 11, 30)
 
@@ -41,7 +41,7 @@ def fired(ctx: Context, rule: str) -> list[Violation]:
 
 
 @pytest.mark.parametrize("env", ["dev", "pilot", "prod"])
-def test_shipped_environments_pass(env: str) -> None:
+def test_shipped_environments_pass(env: str, shipped_workspace: Path) -> None:
     g = load_guardrails()
     limits = g.environment(env)
     ctx = Context(resolve_env(env), g, promotion_source=resolve_env(limits.promote_from) if limits.promote_from
@@ -60,33 +60,33 @@ def _name_env(name: str) -> Mutate:
 
 def _many_replicas(d: dict[str, Any]) -> None:
     d.setdefault("profiles", []).append({"name": "ts8", "kind": "time-slicing", "time_slicing": {"replicas": 8}})
-    d["pools"][2]["profile"] = "ts8"
+    pool_named(d, "l4-notebooks")["profile"] = "ts8"
 
 
 def _oversubscribed(d: dict[str, Any]) -> None:
     # Only L4s, time-sliced 4 ways: ratio 4.0, above prod's 1.5 (checked as prod)
     d["name"] = "prod"
-    d["pools"] = [d["pools"][2]]
+    d["pools"] = [pool_named(d, "l4-notebooks")]
     d["tenants"] = []
 
 
 def _untrusted_shared(d: dict[str, Any]) -> None:
-    d["tenants"][3]["quota"] = {"nvidia.com/gpu.shared": 2}
+    tenant_named(d, "partner-eval")["quota"] = {"nvidia.com/gpu.shared": 2}
 
 
 def _untrusted_unrenamed(d: dict[str, Any]) -> None:
     d.setdefault("profiles", []).append({"name": "ts-plain", "kind": "time-slicing",
                                          "time_slicing": {"replicas": 2, "rename_by_default": False}})
-    d["pools"][2]["profile"] = "ts-plain"
-    d["tenants"][2]["quota"] = {"nvidia.com/gpu": 4}
-    d["tenants"][3]["quota"] = {"nvidia.com/gpu": 1}
+    pool_named(d, "l4-notebooks")["profile"] = "ts-plain"
+    tenant_named(d, "notebooks")["quota"] = {"nvidia.com/gpu": 4}
+    tenant_named(d, "partner-eval")["quota"] = {"nvidia.com/gpu": 1}
 
 
 def _no_fail_requests(d: dict[str, Any]) -> None:
     d["name"] = "prod"
     d.setdefault("profiles", []).append({"name": "ts2-lax", "kind": "time-slicing",
                                          "time_slicing": {"replicas": 2, "fail_requests_greater_than_one": False}})
-    d["pools"][2]["profile"] = "ts2-lax"
+    pool_named(d, "l4-notebooks")["profile"] = "ts2-lax"
 
 
 def _old_toolkit(d: dict[str, Any]) -> None:
@@ -95,18 +95,18 @@ def _old_toolkit(d: dict[str, Any]) -> None:
 
 def _inferred_placements(d: dict[str, Any]) -> None:
     d["name"] = "prod"
-    d["pools"][0]["gpu_model"] = "NVIDIA B200"
+    pool_named(d, "a100-inference")["gpu_model"] = "NVIDIA B200"
     d["tenants"] = []
 
 
 def _not_allowed(d: dict[str, Any]) -> None:
     d["name"] = "prod"
-    d["pools"][0]["profile"] = "mig-small-ts2"
+    pool_named(d, "a100-inference")["profile"] = "mig-small-ts2"
     d["tenants"] = []
 
 
 def _no_quota(d: dict[str, Any]) -> None:
-    d["tenants"][1]["quota"] = {}
+    tenant_named(d, "research")["quota"] = {}
 
 
 CASES: list[tuple[str, Mutate, str | tuple[str, ...]]] = [
@@ -184,7 +184,7 @@ def test_promotion_rule(dev_data: dict[str, Any], write_env: Any) -> None:
     pilot = resolve_env("pilot")
     dev_data["name"] = "prod"
     assert fired(context(write_env, dev_data, source=pilot), "promotion-from-pilot") == []
-    dev_data["pools"][0]["profile"] = "mig-small"
+    pool_named(dev_data, "a100-inference")["profile"] = "mig-small"
     dev_data["tenants"] = []
     dev_data["defaults"]["toolkit_version"] = "1.18.3"
     wheres = {v.where: v.message for v in fired(context(write_env, dev_data, source=pilot), "promotion-from-pilot")}
@@ -239,7 +239,7 @@ def test_bad_waivers_are_errors(tmp_path: Path, item: dict[str, Any], text: str)
     (lambda g: g["environments"]["prod"].__setitem__("promote_from", "staging"), "unknown environment"),
 ])
 def test_bad_guardrails_are_errors(tmp_path: Path, mutate: Callable[[dict[str, Any]], None], text: str) -> None:
-    data = yaml.safe_load((ROOT / "policies" / "guardrails.yaml").read_text())
+    data = yaml.safe_load((WORKSPACE / "policies" / "guardrails.yaml").read_text())
     mutate(data)
     path = tmp_path / "guardrails.yaml"
     path.write_text(yaml.safe_dump(data))

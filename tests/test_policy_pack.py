@@ -22,7 +22,7 @@ from gpushare.core.resolve import resolve
 from gpushare.ops.preview import collect_plan
 from gpushare.policy.pack import policies, run_pack, stack_of
 from gpushare.policy.rules import RULES, Context, PlanResource, Waiver, evaluate
-from tests.conftest import PROFILES, ROOT
+from tests.conftest import PROFILES, ROOT, pool_named, tenant_named
 
 TODAY = date(2026, 11, 30)
 
@@ -80,7 +80,7 @@ def test_plan_rules_fire_in_the_pack_when_queues_and_rules_are_missing() -> None
         "enabled in the operator values and the Monitoring component in the program)"]
 
 
-def test_shipped_stacks_pass_the_pack() -> None:
+def test_shipped_stacks_pass_the_pack(shipped_workspace: Path) -> None:
     for stack in ("dev", "pilot", "prod"):
         found = run_pack(stack_resources(stack), waivers=[], today=TODAY)
         assert found == {}, (stack, found)
@@ -93,8 +93,8 @@ def test_pack_and_check_report_the_same(tmp_path: Path, dev_data: dict[str, Any]
     dev_data["defaults"]["toolkit_version"] = "1.17.3"
     dev_data["profiles"] = [{"name": "ts-plain", "kind": "time-slicing",
                              "time_slicing": {"replicas": 2, "rename_by_default": False}}]
-    dev_data["pools"][2]["profile"] = "ts-plain"
-    dev_data["tenants"][2]["quota"] = {"nvidia.com/gpu": 4}
+    pool_named(dev_data, "l4-notebooks")["profile"] = "ts-plain"
+    tenant_named(dev_data, "notebooks")["quota"] = {"nvidia.com/gpu": 4}
     env_file = write_env(dev_data)
     values = {"cdi": {"enabled": True}, "dcgmExporter": {"enabled": True},
               "devicePlugin": {"env": [{"name": "DEVICE_LIST_STRATEGY", "value": "envvar"}]}}

@@ -24,7 +24,7 @@ from gpushare.ops.preview import (
     run_preview,
     validate_object,
 )
-from tests.conftest import ROOT
+from tests.conftest import ENVIRONMENTS, pool_named
 from tests.test_infra_components import EKS, FIXTURES, GKE, TAINTS, shipped
 
 runner = CliRunner()
@@ -60,7 +60,7 @@ def test_preview_prints_the_tree_and_says_what_it_cannot_check(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("env", ["dev", "pilot", "prod"])
-def test_every_object_of_every_shipped_stack_passes_schema_validation(env: str) -> None:
+def test_every_object_of_every_shipped_stack_passes_schema_validation(env: str, shipped_workspace: Path) -> None:
     result = run_preview(env)
     assert result.ok, result.errors
     kinds = {o.kind for o in result.objects}
@@ -135,7 +135,7 @@ def test_a_profile_the_cloud_pool_cannot_express_fails_and_writes_nothing(
     data = yaml.safe_load((FIXTURES / "gke-operator.yaml").read_text())
     data["profiles"] = [{"name": "mig-four", "kind": "mig",
                          "mig": {"layouts": {"NVIDIA A100-SXM4-80GB": "1g.10gb=4"}}}]
-    data["pools"][1]["profile"] = "mig-four"
+    pool_named(data, "a100-gke-mig")["profile"] = "mig-four"
     stack = write_stack(tmp_path, write_env(data), GKE)
     result = preview("--env", str(stack), "--out", str(tmp_path / "out"), "--json")
     assert result.exit_code == 1
@@ -145,7 +145,7 @@ def test_a_profile_the_cloud_pool_cannot_express_fails_and_writes_nothing(
 
 
 def test_an_unknown_chart_value_fails_and_writes_nothing(tmp_path: Path) -> None:
-    stack = write_stack(tmp_path, ROOT / "environments" / "dev.yaml",
+    stack = write_stack(tmp_path, ENVIRONMENTS / "dev.yaml",
                         {"gpushare:monitoring": {"mode": "install"},
                          "gpushare:operatorValues": {"migManager": {"confg": {"name": "x"}}}})
     result = preview("--env", str(stack), "--out", str(tmp_path / "out"))
@@ -155,7 +155,7 @@ def test_an_unknown_chart_value_fails_and_writes_nothing(tmp_path: Path) -> None
 
 
 def test_an_environment_file_is_previewed_with_the_stack_that_names_it() -> None:
-    plan = collect_plan(str(ROOT / "environments" / "pilot.yaml"))
+    plan = collect_plan(str(ENVIRONMENTS / "pilot.yaml"))
     assert plan.stack == "pilot" and plan.of_type("container/nodePool:NodePool")
     bare = collect_plan(str(FIXTURES / "taints.yaml"))
     assert bare.stack == "taints" and any("no stack names" in w for w in bare.warnings)

@@ -27,6 +27,7 @@ from gpushare.render.monitoring.rules import (
     PROMOTION_NODE_LABELS,
     kube_state_metrics_label_allowlist,
 )
+from tests.conftest import ENVIRONMENTS, PROFILES, WORKSPACE
 from tests.prometheus.promote_history import NEW_PROFILE, promotion_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    return promotion_root(tmp_path / "project", ROOT)
+    return promotion_root(tmp_path / "project", WORKSPACE)
 
 
 def _fleets(root: Path) -> tuple[Any, Any]:
@@ -252,7 +253,7 @@ def _bad(section: str | None, key: str, value: Any) -> Callable[[dict[str, Any]]
 ])
 def test_bad_promotion_policy_is_a_clear_error(tmp_path: Path, mutate: Callable[[dict[str, Any]], None], path: str,
                                                text: str) -> None:
-    data = yaml.safe_load((ROOT / "policies" / "guardrails.yaml").read_text())
+    data = yaml.safe_load((WORKSPACE / "policies" / "guardrails.yaml").read_text())
     mutate(data)
     file = tmp_path / "policies" / "guardrails.yaml"
     file.parent.mkdir()
@@ -263,8 +264,8 @@ def test_bad_promotion_policy_is_a_clear_error(tmp_path: Path, mutate: Callable[
     assert problem is not None, [str(p) for p in info.value.problems]
     assert problem.file == str(file) and (problem.path or "") == path and problem.fix
     # The command stops with the same problem and a non-zero exit.
-    (tmp_path / "environments").symlink_to(ROOT / "environments")
-    (tmp_path / "profiles").symlink_to(ROOT / "profiles")
+    (tmp_path / "environments").symlink_to(ENVIRONMENTS)
+    (tmp_path / "profiles").symlink_to(PROFILES)
     result = runner.invoke(app, ["promote", "--from", "pilot", "--to", "prod", "--json"],
                            env={"GPUSHARE_ROOT": str(tmp_path)})
     assert result.exit_code != 0

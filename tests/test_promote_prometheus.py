@@ -20,9 +20,11 @@ from gpushare.core.guardrails import load_guardrails
 from gpushare.core.resolve import resolve
 from gpushare.ops.capacity import Prometheus
 from gpushare.ops.promote import health_gates
+from tests.conftest import ENVIRONMENTS, PROFILES, WORKSPACE
 from tests.prometheus.promote_history import DAY, NEW_PROFILE, History, backfill, promotion_root
 from tests.prometheus.server import prometheus_server
 
+pytestmark = pytest.mark.slow  # a real Prometheus server over backfilled histories
 ROOT = Path(__file__).resolve().parents[1]
 QUEUES = ("tenant-search", "tenant-notebooks")
 runner = CliRunner()
@@ -30,13 +32,13 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return promotion_root(tmp_path_factory.mktemp("project"), ROOT)
+    return promotion_root(tmp_path_factory.mktemp("project"), WORKSPACE)
 
 
 @pytest.fixture(scope="module")
 def histories(root: Path) -> dict[str, History]:
     pilot = resolve(root / "environments" / "pilot.yaml", root / "profiles")
-    before = resolve(ROOT / "environments" / "pilot.yaml", ROOT / "profiles")
+    before = resolve(ENVIRONMENTS / "pilot.yaml", PROFILES)
     end = (int(time.time()) // DAY - 2) * DAY
     out: dict[str, History] = {}
 
@@ -108,7 +110,7 @@ def test_healthy_history_passes_and_writes_the_patch(reports: dict[str, tuple[in
     assert "+++ b/environments/prod.yaml" in patch and f"+    profile: {NEW_PROFILE}" in patch
     # Nothing was applied; the patch applies to a copy and the result resolves with pilot's profile.
     prod = root / "environments" / "prod.yaml"
-    assert prod.read_text() == (ROOT / "environments" / "prod.yaml").read_text().replace(
+    assert prod.read_text() == (ENVIRONMENTS / "prod.yaml").read_text().replace(
         "nvidia.com/gpu.shared: 32", "nvidia.com/gpu.shared: 16")  # as promotion_root wrote it
     (tmp_path / "environments").mkdir()
     (tmp_path / "environments" / "prod.yaml").write_text(prod.read_text())

@@ -23,11 +23,11 @@ from gpushare.render.fleet import (
     toolkit_settings,
     write_rendered,
 )
-from tests.conftest import PROFILES
+from tests.conftest import PROFILES, cluster_named
 
 
 @pytest.mark.parametrize("env", ["dev", "pilot", "prod"])
-def test_round_trip(env: str) -> None:
+def test_round_trip(env: str, shipped_workspace: Path) -> None:
     fleet = resolve_env(env)
     files = render_fleet(fleet).files
     parsed = parse_mig_parted(files["mig-parted/config.yaml"])
@@ -77,7 +77,7 @@ def test_device_plugin_time_slicing_config() -> None:
 
 
 def test_device_list_strategy_is_never_envvar(dev_data: dict[str, Any], write_env: Any) -> None:
-    dev_data["clusters"][0]["cdi"] = False
+    cluster_named(dev_data, "dev-metal")["cdi"] = False
     fleet = resolve(write_env(dev_data), PROFILES)
     for cfg in fleet.device_plugin_configs.values():
         assert cfg.content["flags"]["plugin"]["deviceListStrategy"] == ["volume-mounts"]

@@ -19,7 +19,7 @@ from gpushare.core.resolve import (
     resolve,
     resolve_env,
 )
-from tests.conftest import PROFILES, ROOT
+from tests.conftest import PROFILES, ROOT, cluster_named
 
 
 def fleet_with(write_env: Any, data: dict[str, Any]) -> Any:
@@ -45,7 +45,7 @@ def test_dev_advertised_resources_and_ratios() -> None:
 
 def _single_pool(dev_data: dict[str, Any], profile: str, model: str = "NVIDIA H100 80GB HBM3",
                  strategy: str = "mixed", extra_profiles: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    dev_data["clusters"][0]["mig_strategy"] = strategy
+    cluster_named(dev_data, "dev-metal")["mig_strategy"] = strategy
     dev_data["pools"] = [{"name": "p", "cluster": "dev-metal", "purpose": "inference", "gpu_model": model,
                           "profile": profile, "hosts": [{"name": "h1", "address": "10.0.0.1", "gpu_count": 2}]}]
     dev_data["tenants"] = []

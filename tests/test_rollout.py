@@ -15,19 +15,12 @@ from typer.testing import CliRunner
 from gpushare.cli import app
 from gpushare.core.errors import GpushareError
 from gpushare.core.resolve import resolve
-from gpushare.ops.rollout import (
-    HostOutcome,
-    Journal,
-    PulumiRunner,
-    Snapshot,
-    Step,
-    advertised_mismatch,
-    execute,
-    kept_configs,
-    parse_batches,
-    plan_batches,
-    plan_rollout,
-)
+from gpushare.ops.rollout.adapters import HostOutcome, PulumiRunner
+from gpushare.ops.rollout.batches import parse_batches, plan_batches
+from gpushare.ops.rollout.execute import advertised_mismatch, execute
+from gpushare.ops.rollout.journal import Journal
+from gpushare.ops.rollout.plan import Step, kept_configs, plan_rollout
+from gpushare.ops.rollout.snapshot import Snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 A100 = [f"a100-{i:02d}" for i in range(1, 5)]
@@ -79,10 +72,10 @@ class FakeAnsible:
             if failing and failing[0] == playbook:
                 out[h] = HostOutcome(h, False, failing[1], failing[2])
             else:
-                out[h] = HostOutcome(h, True, changed=self.changed if playbook == "site.yml" else 0)
+                out[h] = HostOutcome(h, True, changed=self.changed if playbook == "rollout.yml" else 0)
         return out
 
-    def hosts_run(self, playbook: str = "site.yml") -> list[str]:
+    def hosts_run(self, playbook: str = "rollout.yml") -> list[str]:
         return [h for p, hosts in self.calls if p == playbook for h in hosts]
 
 
@@ -159,12 +152,12 @@ def test_first_failure_stops_after_its_batch_and_resume_skips_finished_hosts(tmp
     journal = Journal(tmp_path / "journal.jsonl")
     ansible = FakeAnsible()
     kube = FakeKube(resolve(env))
-    ansible.fail["a100-04"] = ("site.yml", "dcgm", "DCGM | run dcgmi diag: GPU 1 failed")
+    ansible.fail["a100-04"] = ("rollout.yml", "dcgm", "DCGM | run dcgmi diag: GPU 1 failed")
 
     plan, result = run(env, journal, ansible, kube)
     assert [b for b in plan.batches] == [A100[:1], A100[1:4], L4]
     assert result.status == "failed" and [f.host for f in result.failures] == ["a100-04"]
-    assert ansible.hosts_run("site.yml") == A100  # the last batch never started
+    assert ansible.hosts_run("rollout.yml") == A100  # the last batch never started
     assert ansible.hosts_run("verify.yml") == A100[:3]  # gates run on the hosts that converged
     assert kube.cordoned == {"a100-04"} and kube.labels["a100-04"] == {"gpushare.io/rollout-state": "failed"}
     assert all(kube.labels[h] == {"gpushare.io/rollout-state": "success"} for h in A100[:3])
@@ -179,7 +172,7 @@ def test_first_failure_stops_after_its_batch_and_resume_skips_finished_hosts(tmp
     resumed, result = run(env, journal, ansible, kube, resume=True)
     assert resumed.resumes is not None and resumed.done_hosts == set(A100[:3])
     assert result.status == "succeeded"
-    assert ansible.hosts_run("site.yml") == ["a100-04", *L4]  # finished hosts are not run again
+    assert ansible.hosts_run("rollout.yml") == ["a100-04", *L4]  # finished hosts are not run again
     assert kube.cordoned == set()  # the rollout uncordons what it cordoned, once the gates pass
     assert kube.labels["a100-04"] == {"gpushare.io/rollout-state": "success"}
     rollout_ids = {e["rollout"] for e in journal.events()}
@@ -198,7 +191,7 @@ def test_gate_failures_are_attributed(tmp_path: Path) -> None:
     ansible.fail["a100-01"] = ("verify.yml", "verify", "Verify | MIG layout: nvidia-mig-parted assert failed")
     _, result = run(env, journal, ansible, kube)
     assert result.status == "failed" and result.failures[0].gate == "verify"
-    assert ansible.hosts_run("site.yml") == ["a100-01"]  # the canary stopped everything
+    assert ansible.hosts_run("rollout.yml") == ["a100-01"]  # the canary stopped everything
 
     journal2 = Journal(tmp_path / "j2.jsonl")
     ansible2 = FakeAnsible()
@@ -221,7 +214,7 @@ def test_resume_refuses_a_changed_environment(tmp_path: Path) -> None:
     env = six_host_env(tmp_path)
     journal = Journal(tmp_path / "journal.jsonl")
     ansible = FakeAnsible()
-    ansible.fail["a100-01"] = ("site.yml", "converge", "boom")
+    ansible.fail["a100-01"] = ("rollout.yml", "converge", "boom")
     run(env, journal, ansible)
     six_host_env(tmp_path, a100_profile="mig-small")
     with pytest.raises(GpushareError, match="changed since rollout") as err:
@@ -244,12 +237,12 @@ def test_rollback_reapplies_the_last_good_revision_to_changed_hosts(tmp_path: Pa
     new_fleet = resolve(env)
     ansible.calls.clear()
     ansible.changed = 0  # only the A100 hosts change in the new revision
-    ansible.fail["a100-03"] = ("site.yml", "converge", "MIG | apply: GPU processes still run")
+    ansible.fail["a100-03"] = ("rollout.yml", "converge", "MIG | apply: GPU processes still run")
 
     def changed_for(playbook: str, inventory: Path, hosts: list[str], label: str, gate: str):
         out = FakeAnsible.run(ansible, playbook, inventory, hosts, label, gate)
         for h, o in out.items():
-            if playbook == "site.yml" and h in A100 and o.ok:
+            if playbook == "rollout.yml" and h in A100 and o.ok:
                 o.changed = 5
         return out
 
@@ -272,7 +265,7 @@ def test_rollback_reapplies_the_last_good_revision_to_changed_hosts(tmp_path: Pa
     ansible.fail.clear()
     ansible.calls.clear()
     result = execute(back, journal, ansible, confirmed(), None)
-    assert ansible.hosts_run("site.yml") == A100
+    assert ansible.hosts_run("rollout.yml") == A100
     assert result.status == "succeeded"
     # The Git revert is a reviewed change: the journal and the display carry it as advice, not as a done step.
     manual = [e for e in journal.events() if e["event"] == "step" and e["status"] == "manual"]
@@ -408,20 +401,20 @@ def test_bad_options_are_refused(tmp_path: Path, args: list[str], message: str) 
 
 def test_command_line_shows_progress_and_the_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Rich display and the summary, with ansible-runner replaced by the recording fake."""
-    from gpushare.ops import rollout as ro
+    from gpushare.ops.rollout import adapters
 
     env = six_host_env(tmp_path)
     fake = FakeAnsible()
-    fake.fail["a100-02"] = ("site.yml", "converge", "Toolkit | preflight: 1.17.8 is below the CVE floor 1.18.2")
+    fake.fail["a100-02"] = ("rollout.yml", "converge", "Toolkit | preflight: 1.17.8 is below the CVE floor 1.18.2")
 
-    def run_fake(self: ro.AnsibleBackend, playbook: str, inventory: Path, hosts: list[str], label: str, gate: str
+    def run_fake(self: adapters.AnsibleBackend, playbook: str, inventory: Path, hosts: list[str], label: str, gate: str
                  ) -> dict[str, HostOutcome]:
         for h in hosts:
             assert self.on_task is not None
             self.on_task(h, "Toolkit | preflight")
         return fake.run(playbook, inventory, hosts, label, gate)
 
-    monkeypatch.setattr(ro.AnsibleBackend, "run", run_fake)
+    monkeypatch.setattr(adapters.AnsibleBackend, "run", run_fake)
     journal = tmp_path / "state" / "journal.jsonl"
     result = CliRunner().invoke(app, ["rollout", "--env", str(env), "--journal", str(journal),
                                       "--pulumi-confirmed"])

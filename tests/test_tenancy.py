@@ -16,7 +16,7 @@ from gpushare.core.guardrails import load_guardrails
 from gpushare.core.resolve import resolve, resolve_env
 from gpushare.core.tenancy import COHORT, SPARE_QUEUE, cluster_tenancy, fleet_tenancy
 from gpushare.ops.preview import crd_schemas
-from tests.conftest import PROFILES, ROOT
+from tests.conftest import PROFILES, ROOT, cluster_named, pool_named, tenant_named
 
 
 def validate(obj: dict[str, Any]) -> None:
@@ -56,7 +56,8 @@ def test_quota_is_nominal_plus_borrowing_on_advertised_names() -> None:
 
 
 def test_untrusted_tenant_gets_zero_shared_quota(dev_data: dict[str, Any], write_env: Any) -> None:
-    dev_data["tenants"][3]["quota"]["nvidia.com/gpu.shared"] = 4  # a policy violation, still never granted
+    # A policy violation, still never granted.
+    tenant_named(dev_data, "partner-eval")["quota"]["nvidia.com/gpu.shared"] = 4
     ct = cluster_tenancy(resolve(write_env(dev_data), PROFILES), "dev-metal", load_guardrails())
     quota = by_kind(ct.objects, "ResourceQuota")["partner-eval/gpushare-gpu-quota"]["spec"]["hard"]
     assert quota["requests.nvidia.com/gpu.shared"] == "0"
@@ -73,7 +74,7 @@ def test_untrusted_tenant_gets_zero_shared_quota(dev_data: dict[str, Any], write
 ])
 def test_quota_names_follow_the_device_plugin(dev_data: dict[str, Any], write_env: Any, strategy: str,
                                               profile: str, expected: str) -> None:
-    dev_data["clusters"][0]["mig_strategy"] = strategy
+    cluster_named(dev_data, "dev-metal")["mig_strategy"] = strategy
     dev_data["pools"] = [{"name": "p", "cluster": "dev-metal", "purpose": "inference",
                           "gpu_model": "NVIDIA A100-SXM4-80GB", "profile": profile,
                           "hosts": [{"name": "h", "address": "10.0.0.1", "gpu_count": 2}]}]
@@ -87,7 +88,7 @@ def test_quota_names_follow_the_device_plugin(dev_data: dict[str, Any], write_en
 def test_without_rename_quota_cannot_tell_shared_from_whole(dev_data: dict[str, Any], write_env: Any) -> None:
     dev_data["profiles"] = [{"name": "ts-plain", "kind": "time-slicing",
                              "time_slicing": {"replicas": 2, "rename_by_default": False}}]
-    dev_data["pools"][2]["profile"] = "ts-plain"
+    pool_named(dev_data, "l4-notebooks")["profile"] = "ts-plain"
     dev_data["tenants"] = [t for t in dev_data["tenants"] if t["name"] != "notebooks"]
     ct = cluster_tenancy(resolve(write_env(dev_data), PROFILES), "dev-metal", load_guardrails())
     groups = by_kind(ct.objects, "ClusterQueue")["tenant-research"]["spec"]["resourceGroups"]
@@ -137,7 +138,7 @@ def test_unassigned_capacity_is_lendable() -> None:
 
 
 def test_quotas_above_the_fleet_warn_with_totals(dev_data: dict[str, Any], write_env: Any) -> None:
-    dev_data["tenants"][1]["quota"]["nvidia.com/gpu"] = 12
+    tenant_named(dev_data, "research")["quota"]["nvidia.com/gpu"] = 12
     ct = cluster_tenancy(resolve(write_env(dev_data), PROFILES), "dev-metal", load_guardrails())
     assert ct.warnings == [
         "cluster dev-metal: tenants are guaranteed 12 nvidia.com/gpu (research 12) but the pools advertise 8"]
@@ -208,7 +209,7 @@ def test_pod_security_defaults_follow_trust(security_data: dict[str, Any], write
 ])
 def test_kubernetes_version_is_required_and_recent(security_data: dict[str, Any], write_env: Any,
                                                    version: Any, words: str) -> None:
-    cluster = security_data["clusters"][0]
+    cluster = cluster_named(security_data, "sec-metal")
     if version is None:
         del cluster["kubernetes_version"]
     else:

@@ -17,6 +17,7 @@ from gpushare.cli.check import check_command
 from gpushare.cli.common import fail
 from gpushare.cli.fleet import plan_command, render_command, schema_command, validate_command
 from gpushare.cli.gpu import discover_command, mig_app
+from gpushare.cli.init import init_command
 from gpushare.cli.pack import pack_command
 from gpushare.cli.preview import preview_command
 from gpushare.cli.promote import promote_command
@@ -29,6 +30,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+app.command("init")(init_command)
 app.command("validate")(validate_command)
 app.command("plan")(plan_command)
 app.command("render")(render_command)

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.files import check_output_file, write_file, write_with
+from gpushare.core.errors import GpushareError
+from gpushare.core.files import write_with
 
 if TYPE_CHECKING:
     from gpushare.ops.capacity import Recommendation
@@ -56,71 +56,28 @@ def capacity_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
     """Recommend time-slicing replicas, MIG layouts and pool sizes from Prometheus data; write a patch for review."""
-    import re
-
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from gpushare.cli.common import fail
-    from gpushare.core.guardrails import load_guardrails
-    from gpushare.core.resolve import resolve_env
-    from gpushare.ops.capacity import Prometheus, collect_evidence, propose, recommend
+    from gpushare.ops.capacity import run_capacity
 
     started = time.perf_counter()
     console = Console(stderr=True, highlight=False)
     try:
-        if source not in ("auto", "recorded", "raw"):
-            raise GpushareError(Problem(f"--source {source!r}", fix="use auto, recorded or raw"), exit_code=2)
-        if not re.fullmatch(r"[1-9][0-9]*[smhdw]", window):
-            raise GpushareError(Problem(f"--window {window!r} is not a Prometheus duration",
-                                        fix="use e.g. 7d, 36h or 90m"), exit_code=2)
-        prom = Prometheus(prometheus)
-        fleet = resolve_env(env)
-        check_output_file(patch or Path("build") / "capacity" / f"{fleet.environment}.patch", [fleet.source],
-                          option="--patch")
-        if chart is not None:
-            check_output_file(chart, [fleet.source], option="--chart")
-        guardrails = load_guardrails()
-        at = end if end is not None else time.time()
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                       transient=True, disable=as_json) as progress:
-            task = progress.add_task("querying Prometheus", total=None)
-            evidence, used = collect_evidence(prom, fleet, guardrails, window, at,
-                                              lambda name: progress.update(task, description=f"Prometheus: {name}"),
-                                              source)
-            if not any(e.utilization_mean is not None for e in evidence.values()):
-                raise GpushareError(Problem(
-                    f"Prometheus at {prometheus} has no GPU utilization for any pool of {fleet.environment} in the "
-                    f"{window} before {time.strftime('%Y-%m-%d %H:%M', time.gmtime(at))} UTC",
-                    fix="check --window and --end, that dcgm-exporter is scraped, and that kube-state-metrics "
-                        "exports the node label gpushare.io/pool (--metric-labels-allowlist)"))
-            progress.update(task, description="sizing pools")
-            recs = recommend(fleet, guardrails, evidence, window)
-            progress.update(task, description="checking the proposed change (resolve, MIG check, guardrails)")
-            proposal = propose(fleet, guardrails, recs)
+            task = progress.add_task("reading the environment", total=None)
+            report = run_capacity(env, prometheus, window, end, source, patch, chart,
+                                  lambda what: progress.update(task, description=what))
     except GpushareError as err:
         raise fail(err, as_json) from None
 
-    patch_path = patch or Path("build") / "capacity" / f"{fleet.environment}.patch"
-    text = proposal.patch
-    if text:
-        write_file(patch_path, text)
+    fleet, recs, proposal = report.fleet, report.recommendations, report.proposal
     if chart is not None:
         _chart(recs, chart, fleet.environment, window)
-    query_seconds = sum(t.seconds for t in prom.timings)
-    freed = sum(r.gpus_freed for r in recs if r.pool in proposal.applied)
-    summary: dict[str, Any] = {
-        "ok": True, "environment": fleet.environment, "window": window, "end": at,
-        "source": "recording rules" if used == "recorded" else "raw exporter series",
-        "pools": [{**r.as_dict(), "evidence_figures": evidence[r.pool].as_dict(),
-                   "in_patch": r.pool in proposal.applied, "withheld": proposal.withheld.get(r.pool)} for r in recs],
-        "gpus_freed": freed,
-        "patch": str(patch_path) if text else None,
-        "chart": str(chart) if chart else None,
-        "prometheus_query_seconds": round(query_seconds, 3),
-        "queries": len(prom.timings),
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+    summary: dict[str, Any] = {**report.as_dict(), "chart": str(chart) if chart else None,
+                               "seconds": round(time.perf_counter() - started, 3)}
     if as_json:
         print(json.dumps(summary, indent=2))
         return
@@ -151,10 +108,10 @@ def capacity_command(
         lines = r.evidence + [f"[yellow]gap[/]: {g}" for g in r.gaps] + [f"note: {n}" for n in r.notes]
         table.add_row(r.pool, r.sharing, now, proposed, util, "\n".join(lines))
     out.print(table)
-    out.print(f"GPUs that could be freed: {freed}. From {summary['source']}: Prometheus query time "
-              f"{query_seconds:.2f} s over {len(prom.timings)} queries; {summary['seconds']:.1f} s in all.")
-    if text:
-        out.print(f"proposed change written to {patch_path} (review it; nothing was applied)")
+    out.print(f"GPUs that could be freed: {report.gpus_freed}. From {summary['source']}: Prometheus query time "
+              f"{report.query_seconds:.2f} s over {report.queries} queries; {summary['seconds']:.1f} s in all.")
+    if proposal.patch:
+        out.print(f"proposed change written to {report.patch_path} (review it; nothing was applied)")
     else:
         out.print("no change proposed")
     if chart is not None:

@@ -13,7 +13,11 @@ from gpushare.cli.common import EnvOption, JsonOption, ProfilesOption, fail
 from gpushare.core.errors import GpushareError
 
 if TYPE_CHECKING:
-    from gpushare.core.resolve import ResolvedFleet
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpushare.core.resolve import ResolvedFleet, ResolvedPool, Totals
+    from gpushare.core.tenancy import ClusterTenancy
 
 
 def _resolve(env: str, profiles: Path | None) -> ResolvedFleet:
@@ -56,6 +60,112 @@ def _fmt_resources(resources: dict[str, int]) -> str:
     return "\n".join(f"{name} x{count}" for name, count in sorted(resources.items()))
 
 
+def _pool_cells(p: ResolvedPool) -> dict[str, str]:
+    """One pool as the plan shows it, column by column; multi-valued cells hold one value per line."""
+    layouts = sorted({"\n".join(f"{k} x{v}" for k, v in n.mig_layout.items()) if n.mig_layout else "-"
+                      for n in p.nodes})
+    gpus = Counter(n.gpu_model.name.removeprefix("NVIDIA ") for n in p.nodes for _ in range(n.count)
+                   for _ in range(n.gpus_per_node))
+    if p.cloud is not None:
+        nodes = f"{p.cloud.node_count} x {p.cloud.machine_type} ({p.nodes[0].managed_by})"
+    else:
+        nodes = "\n".join(n.name for n in p.nodes)
+    return {"pool": p.name, "cluster": p.cluster, "nodes": nodes,
+            "GPUs": "\n".join(f"{c} x {m}" for m, c in sorted(gpus.items())),
+            "profile": f"{p.profile}\n({p.sharing})", "MIG layout per GPU": "\n".join(layouts),
+            "advertised": _fmt_resources(p.totals.advertised), "ratio": f"{p.totals.oversubscription:.2f}",
+            "isolation": p.isolation}
+
+
+def _total_rows(fleet: ResolvedFleet) -> list[tuple[str, Totals]]:
+    rows: list[tuple[str, Totals]] = [(f"cluster {name}", ct) for name, ct in fleet.cluster_totals.items()]
+    return [*rows, (f"environment {fleet.environment}", fleet.totals)]
+
+
+def _tenant_rows(tenancy: dict[str, ClusterTenancy]) -> list[dict[str, str]]:
+    return [{"tenant": s.tenant.name, "namespace": s.tenant.namespace, "trust": s.tenant.trust,
+             "priority": s.tenant.priority, "cluster": cluster,
+             "guaranteed": _fmt_resources({k: v for k, v in s.nominal.items() if v}) or "-",
+             "borrowable": _fmt_resources({k: v for k, v in s.borrowable.items() if v}) or "-"}
+            for cluster, ct in tenancy.items() for s in ct.shares]
+
+
+_TENANTS_TITLE = "tenants: guaranteed (Kueue nominal quota) and borrowable from idle quota"
+
+
+def _plan_tables(fleet: ResolvedFleet, pools: list[dict[str, str]], tenants: list[dict[str, str]]) -> list[Table]:
+    """The wide layout: pools, totals and tenants as tables."""
+    from rich.table import Table
+
+    table = Table(title=f"gpushare plan: {fleet.environment}", show_lines=True)
+    for col in pools[0] if pools else ():
+        table.add_column(col, justify="right" if col == "ratio" else "left", overflow="fold",
+                         no_wrap=col in ("pool", "profile", "MIG layout per GPU", "advertised"))
+    for cells in pools:
+        table.add_row(*cells.values())
+    totals = Table(title="totals")
+    for col in ("scope", "physical GPUs", "hardware units", "schedulable", "oversubscription"):
+        totals.add_column(col, justify="left" if col == "scope" else "right")
+    for scope, t in _total_rows(fleet):
+        totals.add_row(scope, str(t.physical_gpus), str(t.hardware_units), str(t.advertised_total),
+                       f"{t.oversubscription:.2f}", style="bold" if scope.startswith("environment") else None)
+    tables = [table, totals]
+    if tenants:
+        tenant_table = Table(title=_TENANTS_TITLE)
+        for col in tenants[0]:
+            tenant_table.add_column(col, overflow="fold", no_wrap=col in ("guaranteed", "borrowable"))
+        for row in tenants:
+            tenant_table.add_row(*row.values())
+        tables.append(tenant_table)
+    return tables
+
+
+def _fits(console: Console, tables: list[Table]) -> bool:
+    from rich.measure import Measurement
+
+    wide = console.options.update_width(10_000)
+    return all(Measurement.get(console, wide, t).maximum <= console.width for t in tables)
+
+
+def _key_values(console: Console, pairs: dict[str, str], indent: int = 2) -> None:
+    """`key: value` lines; a value of several lines, or too long a line, continues under the value column."""
+    import textwrap
+
+    width = max(len(k) for k in pairs) + 2
+    room = max(20, console.width - indent - width)
+    for key, value in pairs.items():
+        lines = [w for line in value.split("\n") for w in textwrap.wrap(line, room, break_on_hyphens=False) or [""]]
+        for i, line in enumerate(lines):
+            head = f"{key}:".ljust(width) if i == 0 else " " * width
+            console.print(" " * indent + head + line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_plan_blocks(console: Console, fleet: ResolvedFleet, pools: list[dict[str, str]],
+                       tenants: list[dict[str, str]]) -> None:
+    """The narrow layout (a terminal narrower than the tables, or output that is not a terminal)."""
+    import textwrap
+
+    from rich.markup import escape
+
+    console.print(f"[bold]gpushare plan: {escape(fleet.environment)}[/]")
+    for cells in pools:
+        console.print(f"\npool [bold]{escape(cells['pool'])}[/]")
+        one_line = {"nodes": cells["nodes"].replace("\n", ", "), "profile": cells["profile"].replace("\n", " ")}
+        _key_values(console, {k: one_line.get(k, v) for k, v in cells.items() if k != "pool"})
+    console.print("\n[bold]totals[/]")
+    _key_values(console, {scope: f"{t.physical_gpus} GPUs, {t.hardware_units} hardware units, "
+                                 f"{t.advertised_total} schedulable, ratio {t.oversubscription:.2f}"
+                          for scope, t in _total_rows(fleet)})
+    if tenants:
+        console.print(f"\n[bold]{_TENANTS_TITLE}[/]")
+        for row in tenants:
+            head = (f"tenant {row['tenant']} in {row['cluster']}: namespace {row['namespace']}, "
+                    f"{row['trust']}, {row['priority']}")
+            for line in textwrap.wrap(head, max(40, console.width), subsequent_indent="    "):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
+            _key_values(console, {"guaranteed": row["guaranteed"], "borrowable": row["borrowable"]})
+
+
 def plan_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = False) -> None:
     """Show what every pool and node becomes: GPUs, profile, MIG layout, advertised resources, ratio."""
     from gpushare.core.guardrails import load_guardrails
@@ -73,54 +183,20 @@ def plan_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonO
         print(json.dumps({"ok": True, **fleet.as_dict(), "tenancy": shares, "warnings": warnings}, indent=2))
         return
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(highlight=False)
-    table = Table(title=f"gpushare plan: {fleet.environment}", show_lines=True)
-    for col in ("pool", "cluster", "nodes", "GPUs", "profile", "MIG layout per GPU", "advertised"):
-        table.add_column(col, overflow="fold", no_wrap=col in ("pool", "profile", "MIG layout per GPU", "advertised"))
-    table.add_column("ratio", justify="right")
-    table.add_column("isolation", overflow="fold")
-    for p in fleet.pools:
-        layouts = sorted({"\n".join(f"{k} x{v}" for k, v in n.mig_layout.items()) if n.mig_layout else "-"
-                          for n in p.nodes})
-        gpus = Counter(n.gpu_model.name.removeprefix("NVIDIA ") for n in p.nodes for _ in range(n.count)
-                       for _ in range(n.gpus_per_node))
-        if p.cloud is not None:
-            nodes = f"{p.cloud.node_count} x {p.cloud.machine_type} ({p.nodes[0].managed_by})"
-        else:
-            nodes = "\n".join(n.name for n in p.nodes)
-        table.add_row(
-            p.name, p.cluster, nodes, "\n".join(f"{c} x {m}" for m, c in sorted(gpus.items())),
-            f"{p.profile}\n({p.sharing})", "\n".join(layouts), _fmt_resources(p.totals.advertised),
-            f"{p.totals.oversubscription:.2f}", p.isolation,
-        )
-    console.print(table)
-
-    totals = Table(title="totals", show_lines=False)
-    for col in ("scope", "physical GPUs", "hardware units", "schedulable", "oversubscription"):
-        totals.add_column(col, justify="left" if col == "scope" else "right")
-    for name, ct in fleet.cluster_totals.items():
-        totals.add_row(f"cluster {name}", str(ct.physical_gpus), str(ct.hardware_units), str(ct.advertised_total),
-                       f"{ct.oversubscription:.2f}")
-    t = fleet.totals
-    totals.add_row(f"[bold]environment {fleet.environment}[/]", str(t.physical_gpus), str(t.hardware_units),
-                   str(t.advertised_total), f"{t.oversubscription:.2f}")
-    console.print(totals)
-    if fleet.tenants:
-        tenants = Table(title="tenants: guaranteed (Kueue nominal quota) and borrowable from idle quota")
-        for col in ("tenant", "namespace", "trust", "priority", "cluster", "guaranteed", "borrowable"):
-            tenants.add_column(col, overflow="fold", no_wrap=col in ("guaranteed", "borrowable"))
-        for cluster, cluster_tenancy in tenancy.items():
-            for share in cluster_tenancy.shares:
-                ten = share.tenant
-                tenants.add_row(ten.name, ten.namespace, ten.trust, ten.priority, cluster,
-                                _fmt_resources({k: v for k, v in share.nominal.items() if v}) or "-",
-                                _fmt_resources({k: v for k, v in share.borrowable.items() if v}) or "-")
-        console.print(tenants)
-    console.print("oversubscription = schedulable GPU resources / hardware units (a whole GPU or a MIG instance)")
+    pools, tenants = [_pool_cells(p) for p in fleet.pools], _tenant_rows(tenancy)
+    tables = _plan_tables(fleet, pools, tenants)
+    if _fits(console, tables):
+        for table in tables:
+            console.print(table)
+    else:
+        _print_plan_blocks(console, fleet, pools, tenants)
+    console.print("oversubscription = schedulable GPU resources / hardware units\n"
+                  "(a hardware unit is a whole GPU or a MIG instance)")
     for w in warnings:
         console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
+    console.print("full detail: gpushare plan --json")
 
 
 def render_command(

@@ -11,11 +11,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.ops.rollout.batches import DEFAULT_BATCHES
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
-    from gpushare.ops.rollout import Journal, Result, RolloutPlan, Step
+    from gpushare.ops.rollout.execute import Result
+    from gpushare.ops.rollout.journal import Journal
+    from gpushare.ops.rollout.plan import RolloutPlan, Step
 
 EXIT_STOPPED = 3  # a manual step (Pulumi without its CLI, a Git revert) is pending: run it, then --resume
 
@@ -24,7 +27,7 @@ def rollout_command(
     env: Annotated[str, typer.Option("--env", "-e", help="Environment name under environments/, or a path.")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batches and steps; change nothing.")] = False,
     batches: Annotated[str, typer.Option("--batches", help="Batch sizes: host counts or shares of all hosts, "
-                                         "the last repeating (as Ansible's serial).")] = "1,50%,100%",
+                                         "the last repeating (as Ansible's serial).")] = DEFAULT_BATCHES,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the journal's unfinished rollout; hosts that "
                                          "passed are not run again.")] = False,
     rollback: Annotated[bool, typer.Option("--rollback", help="Re-apply the last revision that succeeded to the "
@@ -52,7 +55,9 @@ def rollout_command(
     from gpushare.cli.common import fail
     from gpushare.core.files import check_output_file
     from gpushare.core.resolve import resolve_env
-    from gpushare.ops.rollout import Journal, parse_batches, plan_rollout, state_dir
+    from gpushare.ops.rollout.batches import parse_batches
+    from gpushare.ops.rollout.journal import Journal
+    from gpushare.ops.rollout.plan import plan_rollout, state_dir
 
     try:
         if resume and rollback:
@@ -146,7 +151,7 @@ def _print_plan(plan: RolloutPlan) -> None:
         d = step.detail
         if step.step == "batch":
             done = sorted(set(d["hosts"]) - set(d["run"]))
-            what = f"batch {d['batch']}: site.yml --limit, then gates {', '.join(d['gates'])}"
+            what = f"batch {d['batch']}: {d['playbook']} --limit, then gates {', '.join(d['gates'])}"
             hosts = ", ".join(d["run"]) + (f" (done: {', '.join(done)})" if done else "")
             table.add_row(str(i), step.step, what, hosts)
         else:
@@ -162,7 +167,9 @@ def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulum
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from gpushare.ops import rollout as ro
+    from gpushare.ops.rollout import adapters
+    from gpushare.ops.rollout.execute import Progress as Callbacks
+    from gpushare.ops.rollout.execute import execute
 
     err = Console(stderr=True, highlight=False)
 
@@ -216,10 +223,11 @@ def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulum
         if task is not None:
             progress.update(task, description=f"  {host}: {task_name}")
 
-    ansible = ro.AnsibleBackend(journal.path.parent / "logs", forks=forks, kubeconfig=kubeconfig, on_task=on_task)
-    pulumi = ro.PulumiRunner(confirm, on_output=None if as_json else lambda line: err.print(line, markup=False,
-                                                                                           end=""))
-    kube = ro.Kube(kubeconfig) if kubeconfig is not None else None
+    ansible = adapters.AnsibleBackend(journal.path.parent / "logs", forks=forks, kubeconfig=kubeconfig,
+                                      on_task=on_task)
+    pulumi = adapters.PulumiRunner(confirm, on_output=None if as_json else lambda line: err.print(line, markup=False,
+                                                                                                 end=""))
+    kube = adapters.Kube(kubeconfig) if kubeconfig is not None else None
     with progress:
-        return ro.execute(plan, journal, ansible, pulumi, kube, ro.Progress(on_step, on_batch, on_host),
-                          gate_timeout=gate_timeout)
+        return execute(plan, journal, ansible, pulumi, kube, Callbacks(on_step, on_batch, on_host),
+                       gate_timeout=gate_timeout)

@@ -11,7 +11,7 @@ import functools
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -39,6 +39,21 @@ class MigProfile:
     engines: tuple[tuple[str, int], ...]
     min_driver_branch: int | None
     nvml_profile_index: int | None = None
+    memory_gib_other_drivers: tuple[float, ...] = ()  # what other drivers report, driver unnamed
+    memory_gib_by_driver: tuple[tuple[int, float], ...] = ()  # (driver branch, GiB) where a capture names it
+
+    @property
+    def memory_gib_values(self) -> tuple[float, ...]:
+        """Every memory size a driver is known to report for this profile: the main value first."""
+        main = () if self.memory_gib is None else (self.memory_gib,)
+        return main + tuple(v for v in self.memory_gib_other_drivers if v not in main)
+
+    def memory_gib_on(self, driver_branch: int | None) -> float | None:
+        """The memory this profile has on a driver branch: the branch's own value where one was read, else the
+        catalog's main value."""
+        if driver_branch is None:
+            return self.memory_gib
+        return dict(self.memory_gib_by_driver).get(driver_branch, self.memory_gib)
 
     @property
     def resource_suffix(self) -> str:
@@ -80,6 +95,10 @@ class GpuModel:
     @property
     def placements_exact(self) -> bool:
         return self.placement_confidence == "exact"
+
+    def profile_memory_gib(self, profile: str, driver_branch: int | None) -> float | None:
+        """A profile's memory on a driver branch (None: unknown driver), falling back to the catalog's main value."""
+        return self.profile(profile).memory_gib_on(driver_branch)
 
     def profile(self, name: str) -> MigProfile:
         found = self.profiles.get(name)
@@ -248,7 +267,9 @@ def _mig_model(name: str, raw: Mapping[str, Any], extra: Mapping[str, Any]) -> G
             engines=tuple((str(k), int(v)) for k, v in (p.get("engines") or {}).items()),
             min_driver_branch=minimums.pop(p["name"], None),
             nvml_profile_index=_profile_index(p.get("nvml_profile_index")),
+            memory_gib_other_drivers=tuple(float(v) for v in p.get("memory_gib_other_drivers") or ()),
         )
+    profiles = _with_driver_memory(name, profiles, extra.get("memory_by_driver") or ())
     if minimums:
         raise ValueError(f"catalog_extra.yaml: driver minimums for profiles {sorted(minimums)} not on {name}")
     rules = []
@@ -280,6 +301,25 @@ def _mig_model(name: str, raw: Mapping[str, Any], extra: Mapping[str, Any]) -> G
         combination_rules=tuple(rules),
         gke_accelerator=extra.get("gke_accelerator"),
     )
+
+
+def _with_driver_memory(name: str, profiles: dict[str, MigProfile], entries: Iterable[Mapping[str, Any]]
+                        ) -> dict[str, MigProfile]:
+    """Attach catalog_extra.yaml's per-branch memory; each value must be one mig_profiles.yaml already lists, so
+    the numbers keep one source and catalog_extra only says which driver reported them."""
+    by_profile: dict[str, dict[int, float]] = {}
+    for entry in entries:
+        branch = int(entry["driver_branch"])
+        for profile, gib in (entry.get("memory_gib") or {}).items():
+            known = profiles.get(profile)
+            if known is None:
+                raise ValueError(f"catalog_extra.yaml: memory_by_driver names {profile!r}, not a profile of {name}")
+            if float(gib) not in known.memory_gib_values:
+                raise ValueError(f"catalog_extra.yaml: {name} {profile} R{branch} memory {gib} GiB is neither "
+                                 f"memory_gib nor memory_gib_other_drivers in mig_profiles.yaml")
+            by_profile.setdefault(profile, {})[branch] = float(gib)
+    return {n: replace(p, memory_gib_by_driver=tuple(sorted(by_profile.get(n, {}).items())))
+            for n, p in profiles.items()}
 
 
 def _plain_model(name: str, raw: Mapping[str, Any]) -> GpuModel:

@@ -10,7 +10,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import project_root
-from gpushare.core.spec import VERSION_PATTERN, Strict, read_yaml, validation_problems, version_tuple
+from gpushare.core.spec import VERSION_PATTERN, Strict, file_body, read_yaml, validation_problems, version_tuple
 
 Version = Annotated[str, Field(pattern=VERSION_PATTERN)]
 
@@ -211,7 +211,7 @@ class PromotionPolicy(Strict):
 
 
 class Guardrails(Strict):
-    version: int = Field(ge=1, le=1)
+    version: int | None = Field(None, ge=1, le=1, description="The older form of apiVersion: 1 is gpushare.io/v1.")
     max_waiver_matches: int = Field(
         1, ge=1, le=100, description="Most objects (violation locations, pools, hosts, tenants...) one waiver's "
         "`where` may match; a glob with no literal character (`*`) is never accepted.")
@@ -271,7 +271,7 @@ def guardrails_path() -> Path:
 def _load(path: Path) -> Guardrails:
     doc = read_yaml(path)
     try:
-        return Guardrails.model_validate(doc.data)
+        return Guardrails.model_validate(file_body(doc, "Guardrails"))
     except ValidationError as exc:
         raise GpushareError(validation_problems(exc, doc, Guardrails)) from None
 

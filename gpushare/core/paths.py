@@ -21,14 +21,37 @@ def package_data_path(*parts: str) -> Path:
     return Path(str(package_data(*parts)))
 
 
+WORKSPACE_MARKER = "gpushare.yaml"  # at a workspace's root, as Pulumi.yaml marks a Pulumi project
+
+
+def package_ansible(*parts: str) -> Path:
+    """The Ansible content shipped in the package (playbooks, roles, modules, the inventory plugin)."""
+    return Path(str(files("gpushare").joinpath("ansible", *parts)))
+
+
+def find_workspace(start: Path) -> Path | None:
+    """The nearest directory at or above `start` holding the workspace marker, as Git and Pulumi find theirs."""
+    start = start.resolve()
+    return next((d for d in (start, *start.parents) if (d / WORKSPACE_MARKER).is_file()), None)
+
+
 def project_root() -> Path:
+    """The workspace: GPUSHARE_ROOT where set, else found by walking up from the working directory; never the
+    package's own location, so an installed gpushare reads the user's files wherever it lives."""
     env_root = os.environ.get("GPUSHARE_ROOT")
     if env_root:
+        if not Path(env_root).is_dir():
+            raise GpushareError(Problem("GPUSHARE_ROOT does not name a directory", file=env_root,
+                                        fix="point GPUSHARE_ROOT at a workspace (run `gpushare init DIR` to make "
+                                            "one) or unset it"), exit_code=2)
         return Path(env_root)
-    here = Path(__file__).resolve().parents[2]
-    if (here / "environments").is_dir():
-        return here
-    return Path.cwd()
+    found = find_workspace(Path.cwd())
+    if found is None:
+        raise GpushareError(Problem(
+            f"not inside a gpushare workspace: no {WORKSPACE_MARKER} in {Path.cwd()} or any directory above it",
+            fix="run `gpushare init DIR` to create a workspace and work inside it, or set GPUSHARE_ROOT"),
+            exit_code=2)
+    return found
 
 
 def environment_path(env: str) -> Path:

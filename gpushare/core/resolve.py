@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from gpushare.core import spec
 from gpushare.core.catalog import GpuModel, load_catalog
+from gpushare.core.cloud_pools import CloudPool
+from gpushare.core.cloud_pools import refusals as cloud_refusals
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.mig import check_layout, layout_counts, layout_from_counts, parse_layout
 from gpushare.core.paths import default_profiles_dir, environment_path
@@ -403,6 +405,11 @@ class _Resolver:
                 nodes.append(node)
         if not nodes:
             return None
+        if pool.cloud is not None:  # what GKE or EKS would refuse at `pulumi up`, refused here at its line
+            shape = CloudPool(pool.name, cluster.kind, pool.cloud, nodes[0].gpu_model,
+                              self.profiles[nodes[0].profile][0], nodes[0].mig_layout)
+            for refusal in cloud_refusals(shape):
+                self.err((*ploc, *refusal.where), f"pool {pool.name!r}: {refusal.message}", refusal.fix)
         totals = Totals()
         for n in nodes:
             totals.add(n.gpus_per_node * n.count, n.hardware_units * n.count,

@@ -6,14 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.core.guardrails import Guardrails
-from gpushare.core.spec import PROFILE_ADAPTER, Environment
+from gpushare.core.spec import PROFILE_ADAPTER, Environment, with_header
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:
-    env = Environment.model_json_schema()
+    env = with_header(Environment.model_json_schema(), "Environment")
     env["title"] = "gpushare environment"
     profile = PROFILE_ADAPTER.json_schema()
     profile["title"] = "gpushare sharing profile"
-    guardrails = Guardrails.model_json_schema()
+    for name, definition in profile.get("$defs", {}).items():
+        if name.endswith("Profile"):  # a profile file's `kind` is its sharing mode: only apiVersion is added
+            with_header(definition, None)
+    guardrails = with_header(Guardrails.model_json_schema(), "Guardrails")
     guardrails["title"] = "gpushare guardrails"
     return {"environment.schema.json": env, "profile.schema.json": profile, "guardrails.schema.json": guardrails}

@@ -59,8 +59,9 @@ class Strict(BaseModel):
 
 
 # ---------------------------------------------------------------- strings that reach Ansible, Jinja2 and shells
-# Environment files are data, never templates or shell (safety rule 12): every string matches the narrowest pattern
-# its domain allows, so none can carry `{{ }}`, `{% %}`, `$( )` or backticks into Ansible, Jinja2 or a command line.
+# Environment files are data, never templates or shell (docs/safety-rules.md rule 12): every string matches the
+# narrowest pattern its domain allows, so none can carry `{{ }}`, `{% %}`, `$( )` or backticks into Ansible, Jinja2
+# or a command line.
 
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -656,13 +657,47 @@ def read_yaml(path: Path, what: str = "file") -> Located:
     return Located(str(path), data, text)
 
 
+API_VERSION = "gpushare.io/v1"  # the one version of every workspace file format; a file without one reads as it
+_FILE_KINDS = ("Environment", "SharingProfile", "Guardrails", "Waivers", "Demand")
+
+
+def file_body(doc: Located, kind: str | None) -> Any:
+    """The document without its header (`apiVersion: gpushare.io/v1`, `kind: <kind>`), after checking both; a file
+    without an apiVersion reads as v1. `kind=None` where `kind` is the document's own field (sharing profiles)."""
+    data = doc.data
+    if not isinstance(data, dict) or ("apiVersion" not in data and (kind is None or "kind" not in data)):
+        return data
+    version = data.get("apiVersion", API_VERSION)
+    if version != API_VERSION:
+        raise GpushareError(doc.problem(("apiVersion",), f"unknown apiVersion {version!r}: this gpushare reads "
+                                        f"{API_VERSION}", fix=f"write apiVersion: {API_VERSION}, or upgrade gpushare "
+                                        "to a release that reads this version"), exit_code=2)
+    body = {k: v for k, v in data.items() if k != "apiVersion"}
+    if kind is not None and "kind" in body:
+        if body.pop("kind") != kind:
+            raise GpushareError(doc.problem(("kind",), f"kind is {data['kind']!r}, but this file is read as a {kind}",
+                                            fix=f"write kind: {kind}, or pass this file where a {data['kind']} "
+                                                "is expected"), exit_code=2)
+    return body
+
+
+def with_header(schema: dict[str, Any], kind: str | None) -> dict[str, Any]:
+    """A file's JSON schema with the optional header keys that `file_body` accepts."""
+    props = {"apiVersion": {"const": API_VERSION, "description": "File format version; absent reads as v1."}}
+    if kind is not None:
+        props["kind"] = {"const": kind, "description": "What this file is."}
+    if "properties" in schema:
+        schema["properties"] = {**props, **schema["properties"]}
+    return schema
+
+
 def load_environment(path: Path) -> tuple[Environment, Located]:
     doc = read_yaml(path)
     if not isinstance(doc.data, dict):
         raise GpushareError(Problem("an environment file must be a mapping", file=doc.file, line=1,
                                     fix="start from environments/dev.yaml"))
     try:
-        env = Environment.model_validate(doc.data)
+        env = Environment.model_validate(file_body(doc, "Environment"))
     except ValidationError as exc:
         raise GpushareError(validation_problems(exc, doc, Environment)) from None
     return env, doc
@@ -674,9 +709,12 @@ def load_profile_file(path: Path) -> tuple[Any, Located]:
         raise GpushareError(Problem("a profile file must be a mapping", file=doc.file, line=1,
                                     fix="start from a profile in profiles/, e.g. profiles/exclusive.yaml"))
     kind = doc.data.get("kind")
+    if kind in _FILE_KINDS:
+        raise GpushareError(doc.problem(("kind",), f"kind is {kind!r}: a profile file's kind is its sharing mode",
+                                        fix=f"write kind: one of {', '.join(ISOLATION)}"), exit_code=2)
     model = _PROFILE_MODELS.get(kind) if isinstance(kind, str) else None
     try:
-        profile = PROFILE_ADAPTER.validate_python(doc.data)
+        profile = PROFILE_ADAPTER.validate_python(file_body(doc, None))
     except ValidationError as exc:
         raise GpushareError(validation_problems(exc, doc, model)) from None
     stem = path.name.removesuffix(".yaml").removesuffix(".yml")

@@ -139,14 +139,21 @@ def collect_plan(env: str, config: Mapping[str, Any] | None = None, *, stack: st
 
 
 def program_file() -> Path:
-    """What `pulumi up` runs: the workspace's infra/__main__.py (Pulumi.yaml `main: infra/`), else the package's
-    program itself (the launcher `gpushare init` writes calls the same)."""
-    launcher = project_root() / "infra" / "__main__.py"
-    if launcher.exists():
-        return launcher
-    from gpushare.program import main
+    """What `pulumi up` runs: the program Pulumi.yaml's `main` names in the workspace (infra/__main__.py in the
+    workspaces `gpushare init` writes), else the package's program itself (which that launcher calls)."""
+    root = project_root()
+    project = root / "Pulumi.yaml"
+    if project.is_file():
+        from gpushare.core.files import load_yaml_file
 
-    return Path(main.__file__)
+        _, data = load_yaml_file(project, "Pulumi project file")
+        main = root / str(data.get("main", ".") if isinstance(data, dict) else ".")
+        launcher = main / "__main__.py" if main.is_dir() else main
+        if launcher.is_file():
+            return launcher
+    from gpushare.program import main as package_program
+
+    return Path(package_program.__file__)
 
 
 def _run_program(program: Path, stack_name: str, cfg: Mapping[str, Any]) -> Plan:

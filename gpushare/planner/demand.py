@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.spec import NAME_PATTERN, Located, Strict, invalid, read_yaml, validation_problems
+from gpushare.core.spec import NAME_PATTERN, Located, Strict, file_body, invalid, read_yaml, validation_problems
 
 Kind = Literal["online", "batch", "dev"]
 Latency = Literal["high", "medium", "low"]
@@ -89,7 +89,7 @@ def load_demand(path: Path) -> tuple[Demand, Located]:
         raise GpushareError(Problem("a demand file must be a mapping", file=doc.file, line=1,
                                     fix="start from examples/demand/inference.yaml"))
     try:
-        demand = Demand.model_validate(doc.data)
+        demand = Demand.model_validate(file_body(doc, "Demand"))
     except ValidationError as exc:
         problems = validation_problems(exc, doc, Demand)
         # A duplicate name is reported on the list; point at the second entry instead.

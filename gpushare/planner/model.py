@@ -256,8 +256,9 @@ class _Builder:
         if profile is None:
             memory, compute = model.memory_gib, 1.0
         else:
-            assert profile.memory_gib is not None
-            memory, compute = profile.memory_gib, profile.compute_slices / model.compute_slices_total
+            on_driver = profile.memory_gib_on(self.limits.driver_branch)  # the branch's own value where known
+            assert on_driver is not None
+            memory, compute = on_driver, profile.compute_slices / model.compute_slices_total
         budget = self.demand.compute_budget
         if sharing == "exclusive":
             item_memory, item_compute, sum_compute = memory, compute, compute
@@ -337,7 +338,7 @@ class _Builder:
         out += [("mig", _ordered(model, layout), 1) for layout in top]
         rho = self.limits.max_oversubscription
         for layout in layouts:
-            memory = min(model.profiles[p].memory_gib or 0.0 for p in layout)
+            memory = min(model.profiles[p].memory_gib_on(self.limits.driver_branch) or 0.0 for p in layout)
             most = self.max_replicas(memory)
             for r in range(2, most + 1):
                 if not self.useful_replicas(r, most):
@@ -366,8 +367,8 @@ class _Builder:
             if any(model.profiles[p].memory_gib is None for p, _ in layout):
                 return False
         if replicas > 1:
-            memories = ([model.profiles[p].memory_gib or 0.0 for p, _ in layout] if layout is not None
-                        else [model.memory_gib])
+            memories = ([model.profiles[p].memory_gib_on(limits.driver_branch) or 0.0 for p, _ in layout]
+                        if layout is not None else [model.memory_gib])
             if replicas > min(self.max_replicas(m) for m in memories):
                 return False
         return True

@@ -1,7 +1,7 @@
 """`gpushare pack`: from workload demand to per-GPU layouts, time-slicing and MPS replicas and pool sizes, with
 the fewest GPUs (or the least cost), a proven lower bound and the gap to it.
 
-Sharing rules the plan keeps (DESIGN.md, README.md):
+Sharing rules the plan keeps (docs/pack.md, docs/safety-rules.md):
 - a MIG instance or an exclusive whole GPU runs one replica, and is the only place for an untrusted or a
   latency-sensitive (latency: high) replica;
 - time-slicing (a whole GPU, or every MIG instance of a GPU under mig-time-slicing) gives no memory isolation: the

@@ -32,7 +32,7 @@ from gpushare.core.resolve import (
     resolve,
     resolve_env,
 )
-from gpushare.core.spec import Strict, invalid, read_yaml, validation_problems, version_tuple
+from gpushare.core.spec import Strict, file_body, invalid, read_yaml, validation_problems, version_tuple
 
 Level = Literal["mandatory", "advisory"]
 SHARED_KINDS = ("time-slicing", "mps", "mig-time-slicing")
@@ -537,7 +537,7 @@ def effective_device_list_strategy(config: Mapping[str, Any], operator_values: M
                                    ) -> list[str]:
     """What the device plugin really uses. Its flags override its config file, and under the GPU Operator the
     DEVICE_LIST_STRATEGY env is always set (envvar, CDI's pair, or devicePlugin.env's value, which wins); args given
-    in devicePlugin.args beat the env (DESIGN: facts that bite)."""
+    in devicePlugin.args beat the env (docs/nvidia-stack.md)."""
     flags = (config.get("flags") or {}).get("plugin") or {}
     result = device_list_strategies(flags.get("deviceListStrategy", "envvar"))
     if operator_values is not None:
@@ -762,7 +762,7 @@ def load_waivers(path: Path | None = None, guardrails: Guardrails | None = None)
         return [], str(path)
     doc = read_yaml(path, "waivers file")
     try:
-        waivers = Waivers.model_validate(doc.data or {}).waivers
+        waivers = Waivers.model_validate(file_body(doc, "Waivers") or {}).waivers
     except ValidationError as exc:
         raise GpushareError(validation_problems(exc, doc, Waivers)) from None
     known = (guardrails or load_guardrails()).environments

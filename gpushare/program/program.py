@@ -1,5 +1,5 @@
 """How one cluster of the fleet becomes Pulumi resources: first every component's arguments, computed and checked
-(`plan_cluster`), then the registration in DESIGN's order (`register_cluster`)."""
+(`plan_cluster`), then the registration in the rollout order of docs/rollout.md (`register_cluster`)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def register_cluster(fleet: ResolvedFleet, plan: ClusterPlan) -> None:
     name = plan.cluster.name
     provider = k8s.Provider(name, context=plan.context)
     monitoring = mon.Monitoring(f"{name}-monitoring", replace(plan.monitoring, provider=provider))
-    # DESIGN's order: node opt-out labels first, then the NVIDIA stack, then cloud node pools.
+    # The order of docs/rollout.md: node opt-out labels first, then the NVIDIA stack, then cloud node pools.
     metal = [GpuNodePool(f"{name}-{a.pool.name}", replace(a, provider=provider))
              for a in plan.pools if a.pool.cloud is None]
     prerequisites: list[pulumi.Resource] = [*metal]

@@ -26,7 +26,7 @@ MARKER = ".gpushare-render"
 
 @dataclass(frozen=True)
 class ToolkitSettings:
-    """nvidia-container-runtime settings gpushare enforces (DESIGN safety rule 5)."""
+    """nvidia-container-runtime settings gpushare enforces (docs/safety-rules.md rule 5)."""
 
     accept_envvar_when_unprivileged: bool = False
     accept_volume_mounts: bool = True

@@ -1,4 +1,4 @@
-"""Isolated test hosts for gpushare's Ansible roles, as DESIGN.md describes: a debootstrap'd Debian bookworm rootfs
+"""Isolated test hosts for gpushare's Ansible roles (docs/testing.md): a debootstrap'd Debian bookworm rootfs
 (built once, cached under build/ansible/), copied per host and booted with its own systemd by systemd-nspawn in
 its own network namespace on a 10.x veth pair, reached over ssh with a generated key. Packages come from the
 local apt repository (packages.py) bind-mounted read-only into each host; GPUs from the NVML simulator.

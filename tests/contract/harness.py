@@ -84,7 +84,7 @@ def make_workspace(path: Path) -> Path:
     for name in ("environments", "profiles", "policies", "infra", "examples"):
         shutil.copytree(ROOT / name, path / name, ignore=shutil.ignore_patterns("__pycache__", "waivers.yaml"))
     shutil.copytree(ROOT / "gpushare" / "data", path / "gpushare" / "data")
-    for stack in ROOT.glob("Pulumi*.yaml"):
+    for stack in [*ROOT.glob("Pulumi*.yaml"), ROOT / "gpushare.yaml"]:
         shutil.copy(stack, path / stack.name)
     (path / "inputs" / "profiles").mkdir(parents=True)
     for profile in (ROOT / "profiles").glob("*.yaml"):

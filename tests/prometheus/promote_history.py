@@ -143,6 +143,7 @@ def promotion_root(root: Path, project: Path) -> Path:
 
     (root / "environments").mkdir(parents=True)
     (root / "policies").mkdir()
+    shutil.copy(project / "gpushare.yaml", root / "gpushare.yaml")  # a workspace, as `gpushare init` makes one
     shutil.copytree(project / "profiles", root / "profiles")
     profile = yaml.safe_load((project / "profiles" / "notebooks-ts4.yaml").read_text())
     profile.update(name=NEW_PROFILE, description="Two pods take turns on each GPU (trusted notebooks).")

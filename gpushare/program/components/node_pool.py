@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,8 +13,9 @@ import pulumi
 from pulumi_kubernetes.core.v1 import NodePatch
 
 from gpushare.core import spec
+from gpushare.core.cloud_pools import CloudPool, eks_scaling, gke_accelerator, gke_sharing, gke_zones, per_zone
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.resolve import ResolvedNode, ResolvedPool
+from gpushare.core.resolve import ResolvedPool
 from gpushare.program.stack_config import EksSettings, GkeSettings
 
 # Kubernetes taint effects as GKE node pools and EKS node groups spell them.
@@ -23,10 +23,7 @@ CLOUD_TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE", "PreferNoSchedule": "PREFER_N
                       "NoExecute": "NO_EXECUTE"}
 # EKS's NVIDIA-accelerated AL2023 AMI: driver and container toolkit come with the image.
 EKS_AMI_TYPE = "AL2023_x86_64_NVIDIA"
-# GKE's limit on max_shared_clients_per_gpu, for time-sharing and MPS alike.
-GKE_MAX_SHARED_CLIENTS = 48
 CLOUD_PACKAGE = {"gke": "pulumi-gcp", "eks": "pulumi-aws"}
-GKE_SHARING_STRATEGY = {"time-slicing": "TIME_SHARING", "mig-time-slicing": "TIME_SHARING", "mps": "MPS"}
 
 
 @dataclass
@@ -47,38 +44,12 @@ def _problem(pool: ResolvedPool, message: str, fix: str) -> GpushareError:
     return GpushareError(Problem(f"pool {pool.name!r}: {message}", fix=fix))
 
 
-def gke_sharing(pool: ResolvedPool, node: ResolvedNode, profiles: dict[str, Any]) -> dict[str, Any]:
-    """The guest-accelerator fields a GKE-managed pool compiles its profile to; a profile GKE cannot express is an
-    error here, before anything is registered."""
-    profile = profiles[node.profile]
-    out: dict[str, Any] = {}
-    if node.mig_layout:
-        (partition, count), = node.mig_layout.items()  # the resolver allows one partition size per GKE pool
-        mig = node.gpu_model.profiles[partition]
-        if "+" in partition or "-" in partition:
-            raise _problem(pool, f"MIG profile {partition} has no GKE partition size",
-                           "use a plain profile (for example 1g.10gb), or sharing: operator")
-        if count != mig.max_count:
-            raise _problem(pool, f"profile {node.profile!r} asks for {count} x {partition} per GPU, but GKE's "
-                           f"gpu_partition_size always creates {mig.max_count} on {node.gpu_model.name}",
-                           f"use {partition}={mig.max_count} (layout all-smallest for the smallest size), or "
-                           "sharing: operator")
-        out["gpu_partition_size"] = partition
-    strategy = GKE_SHARING_STRATEGY.get(node.sharing)
-    if strategy:
-        replicas = (profile.mps if node.sharing == "mps" else profile.time_slicing).replicas
-        if replicas > GKE_MAX_SHARED_CLIENTS:
-            raise _problem(pool, f"{replicas} clients per GPU is above GKE's limit of {GKE_MAX_SHARED_CLIENTS}",
-                           f"use at most {GKE_MAX_SHARED_CLIENTS} replicas, or sharing: operator")
-        out["gpu_sharing_config"] = {"gpu_sharing_strategy": strategy, "max_shared_clients_per_gpu": replicas}
-    return out
-
-
-def per_zone(pool: ResolvedPool, count: int, zones: int, what: str) -> int:
-    if count % zones:
-        raise _problem(pool, f"{what} {count} cannot be spread evenly over {zones} zones (GKE counts nodes per "
-                       "zone)", f"use a multiple of {zones}, or change the zones")
-    return count // zones
+def cloud_pool(args: GpuNodePoolArgs) -> CloudPool:
+    """The pool as the library's cloud rules read it (a cloud pool has one node shape)."""
+    assert args.pool.cloud is not None
+    (node,) = args.pool.nodes
+    return CloudPool(args.pool.name, args.cluster.kind, args.pool.cloud, node.gpu_model, args.profiles[node.profile],
+                     node.mig_layout)
 
 
 def bare_metal_patches(args: GpuNodePoolArgs) -> dict[str, dict[str, Any]]:
@@ -103,22 +74,16 @@ def gke_node_pool_inputs(args: GpuNodePoolArgs) -> dict[str, Any]:
     pool, cloud, gke = args.pool, args.pool.cloud, args.gke
     assert cloud is not None and gke is not None
     (node,) = pool.nodes
-    accelerator_type = node.gpu_model.gke_accelerator
-    if not accelerator_type:
-        raise _problem(pool, f"GKE offers no accelerator type for {node.gpu_model.name}",
-                       "use a GPU model GKE offers (the catalog's gke_accelerator)")
-    accelerator: dict[str, Any] = {"type": accelerator_type, "count": node.gpus_per_node}
+    shape = cloud_pool(args)
+    accelerator: dict[str, Any] = {"type": gke_accelerator(shape), "count": node.gpus_per_node}
     if node.managed_by == "gke":
-        accelerator.update(gke_sharing(pool, node, args.profiles))
+        accelerator.update(gke_sharing(shape))
         accelerator["gpu_driver_installation_config"] = {"gpu_driver_version": gke.driver_version}
     else:
         # The GPU Operator serves this pool: GKE installs no driver and runs no device plugin here (the
         # gke-no-default-nvidia-gpu-device-plugin label is among the pool's labels).
         accelerator["gpu_driver_installation_config"] = {"gpu_driver_version": "INSTALLATION_DISABLED"}
-    zones = cloud.zones or ([gke.location] if re.search(r"-[a-z]$", gke.location) else [])
-    if not zones:
-        raise _problem(pool, f"GKE location {gke.location} is a region and the pool lists no zones",
-                       "list the pool's zones under cloud.zones (GKE counts nodes per zone)")
+    zones = gke_zones(shape, gke.location)
     node_config: dict[str, Any] = {
         "machine_type": cloud.machine_type,
         "guest_accelerators": [accelerator],
@@ -137,36 +102,29 @@ def gke_node_pool_inputs(args: GpuNodePoolArgs) -> dict[str, Any]:
     if cloud.zones:
         inputs["node_locations"] = list(cloud.zones)
     if cloud.min_node_count is not None or cloud.max_node_count is not None:
-        inputs["initial_node_count"] = per_zone(pool, cloud.node_count, len(zones), "node_count")
+        inputs["initial_node_count"] = per_zone(shape, len(zones))
         inputs["autoscaling"] = {
             "total_min_node_count": cloud.min_node_count if cloud.min_node_count is not None else cloud.node_count,
             "total_max_node_count": cloud.max_node_count if cloud.max_node_count is not None else cloud.node_count,
             "location_policy": "BALANCED",
         }
     else:
-        inputs["node_count"] = per_zone(pool, cloud.node_count, len(zones), "node_count")
+        inputs["node_count"] = per_zone(shape, len(zones))
     return inputs
 
 
 def eks_node_group_inputs(args: GpuNodePoolArgs) -> dict[str, Any]:
-    pool, cloud, eks = args.pool, args.pool.cloud, args.eks
-    assert cloud is not None and eks is not None
+    pool, eks = args.pool, args.eks
+    assert pool.cloud is not None and eks is not None
     (node,) = pool.nodes
-    low = cloud.min_node_count if cloud.min_node_count is not None else cloud.node_count
-    high = cloud.max_node_count if cloud.max_node_count is not None else cloud.node_count
-    if high < 1:
-        raise _problem(pool, "an EKS node group needs a maximum size of at least 1",
-                       "set cloud.max_node_count (or node_count) to 1 or more")
-    if not low <= cloud.node_count <= high:
-        raise _problem(pool, f"node_count {cloud.node_count} is outside {low}..{high}",
-                       "keep node_count between min_node_count and max_node_count")
+    scaling = eks_scaling(cloud_pool(args))
     return {
         "cluster_name": eks.cluster,
         "node_role_arn": eks.node_role_arn,
         "subnet_ids": list(eks.subnet_ids),
         "ami_type": EKS_AMI_TYPE,
-        "instance_types": [cloud.machine_type],
-        "scaling_config": {"desired_size": cloud.node_count, "min_size": low, "max_size": high},
+        "instance_types": [pool.cloud.machine_type],
+        "scaling_config": scaling,
         "labels": node.labels_owned_by("pulumi"),
         "taints": [{"key": t.key, **({"value": t.value} if t.value else {}), "effect": CLOUD_TAINT_EFFECT[t.effect]}
                    for t in node.taints],
@@ -179,9 +137,15 @@ def node_pool_inputs(args: GpuNodePoolArgs) -> dict[str, Any]:
     try:
         return _node_pool_inputs(args)
     except GpushareError as err:
-        where = f"pools[{args.index}]" if args.index is not None else None
-        raise GpushareError([dataclasses.replace(p, file=p.file or args.source, path=p.path or where)
+        raise GpushareError([dataclasses.replace(p, file=p.file or args.source, path=_under_pool(args, p.path))
                              for p in err.problems]) from None
+
+
+def _under_pool(args: GpuNodePoolArgs, path: str | None) -> str | None:
+    """A path under the pool (the library's cloud rules give one) placed under pools[i] of the environment."""
+    if args.index is None:
+        return path
+    return f"pools[{args.index}].{path}" if path else f"pools[{args.index}]"
 
 
 def _node_pool_inputs(args: GpuNodePoolArgs) -> dict[str, Any]:

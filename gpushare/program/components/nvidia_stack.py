@@ -1,5 +1,5 @@
 """NvidiaStack: the GPU Operator (NVIDIA's pinned Helm chart) for one cluster, with every sharing config the cluster
-uses, the mig-parted configs of operator-managed MIG nodes, and the DCGM host-engine choice DESIGN describes."""
+uses, the mig-parted configs of operator-managed MIG nodes, and the DCGM host-engine choice (docs/nvidia-stack.md)."""
 
 from __future__ import annotations
 

@@ -23,8 +23,9 @@ from gpushare.core.resolve import (
     device_plugin_content,
     device_plugin_digest,
 )
-from gpushare.policy.rules import effective_device_list_strategy
-from gpushare.policy.rules import effective_device_plugin_env as _effective_device_plugin_env
+from gpushare.policy.device_plugin import device_plugin_values, settings_problems
+from gpushare.policy.rules import effective_device_plugin_env as effective_device_plugin_env  # tests read it here
+from gpushare.policy.rules import gpu_operator_chart_values
 from gpushare.render.fleet import mig_parted_configs
 from gpushare.render.templating import environment as templates
 
@@ -232,11 +233,9 @@ def with_tolerations(defaults: list[dict[str, Any]], taints: list[spec.Taint]) -
 # ---------------------------------------------------------------- the values
 
 
-@cache
 def chart_defaults() -> dict[str, Any]:
-    data = yaml.safe_load(CHART_VALUES_FILE.read_text())
-    assert isinstance(data, dict)
-    return data
+    """The pinned chart's values.yaml, read once by the library."""
+    return gpu_operator_chart_values()
 
 
 @cache
@@ -262,7 +261,7 @@ def dcgm_exporter_env(fleet: ResolvedFleet, gpus: ClusterGpus, counters_hash: st
 
     env = dict(monitoring_env(fleet))
     if gpus.all_ansible:
-        # Every GPU node runs DCGM on the host (DESIGN): the exporter reads that engine instead of embedding one.
+        # Every GPU node runs DCGM on the host (docs/nvidia-stack.md): the exporter reads it instead of embedding one.
         env["DCGM_REMOTE_HOSTENGINE_INFO"] = HOST_DCGM_ENGINE
     env[DCGM_COUNTERS_HASH_ENV] = counters_hash
     return env
@@ -276,12 +275,11 @@ def operator_values(fleet: ResolvedFleet, gpus: ClusterGpus, *, device_plugin_ha
     operator, so it decides the effective device list strategy), tolerations for every pool taint."""
     cluster = gpus.cluster
     defaults = chart_defaults()
-    default_content = default_device_plugin_content(cluster)
-    device_list = ",".join(default_content["flags"]["plugin"]["deviceListStrategy"])
+    plugin = device_plugin_values(cluster)  # the library's one computation of the plugin's settings
     taints = gpus.taints
     values: dict[str, Any] = {
-        "mig": {"strategy": cluster.mig_strategy},
-        "cdi": {"enabled": cluster.cdi},
+        "mig": plugin["mig"],
+        "cdi": plugin["cdi"],
         "driver": {"enabled": gpus.needs_driver},
         "toolkit": {"enabled": gpus.needs_toolkit},
         "migManager": {"enabled": gpus.needs_mig_manager},
@@ -290,7 +288,7 @@ def operator_values(fleet: ResolvedFleet, gpus: ClusterGpus, *, device_plugin_ha
             "config": {"create": False, "name": DEVICE_PLUGIN_CONFIGMAP, "default": DEFAULT_DEVICE_PLUGIN_CONFIG},
             # The operator does not watch this ConfigMap (gpu-operator issues 1144, 412): a content hash rolls the
             # plugin. DEVICE_LIST_STRATEGY is spelt out because the operator's own default is envvar.
-            "env": _env({"DEVICE_LIST_STRATEGY": device_list, DEVICE_PLUGIN_HASH_ENV: device_plugin_hash}),
+            "env": [*plugin["devicePlugin"]["env"], *_env({DEVICE_PLUGIN_HASH_ENV: device_plugin_hash})],
         },
         "daemonsets": {"tolerations": with_tolerations(defaults["daemonsets"]["tolerations"], taints)},
         # NFD labels the GPU nodes the operands select on: its worker must reach tainted pools too.
@@ -331,27 +329,8 @@ def operator_values(fleet: ResolvedFleet, gpus: ClusterGpus, *, device_plugin_ha
 # ---------------------------------------------------------------- checks
 
 
-def effective_device_plugin_env(values: dict[str, Any]) -> dict[str, str]:
-    """The device plugin container's env the way the operator builds it (the guardrails' own function)."""
-    return _effective_device_plugin_env(values)
-
-
 def check_effective_device_plugin(values: dict[str, Any], cluster: spec.Cluster) -> list[str]:
-    env = effective_device_plugin_env(values)
-    problems = []
-    # The guardrail's reading: the env, then devicePlugin.args, in every spelling.
-    strategies = effective_device_list_strategy({}, values)
-    if "envvar" in strategies or not strategies:
-        problems.append(f"the device plugin's effective device list strategy would be {','.join(strategies)!r}"
-                        ": a container setting NVIDIA_VISIBLE_DEVICES would reach GPUs it was not allocated")
-    expected = default_device_plugin_content(cluster)["flags"]
-    if strategies != expected["plugin"]["deviceListStrategy"]:
-        problems.append(f"effective DEVICE_LIST_STRATEGY {','.join(strategies)} differs from the configs' "
-                        f"{','.join(expected['plugin']['deviceListStrategy'])}")
-    if env.get("MIG_STRATEGY") != cluster.mig_strategy:
-        problems.append(f"effective MIG_STRATEGY {env.get('MIG_STRATEGY')!r} differs from cluster "
-                        f"{cluster.name!r}'s mig_strategy {cluster.mig_strategy!r}")
-    return problems
+    return settings_problems(values, cluster)
 
 
 def _free_form(values_node: Any, schema_node: Any) -> bool:

@@ -28,7 +28,7 @@ from gpushare.program.stack_config import KueueSettings
 
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 KUEUE_VERSION = "0.19.2"
-KUEUE_VALUES = {"enablePrometheus": True}  # Kueue exposes no metrics unless asked (DESIGN)
+KUEUE_VALUES = {"enablePrometheus": True}  # Kueue exposes no metrics unless asked (docs/nvidia-stack.md)
 
 
 @cache

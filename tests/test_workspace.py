@@ -1,0 +1,219 @@
+"""The workspace: found by walking up to gpushare.yaml (GPUSHARE_ROOT overriding, never the package's own folder),
+written by `gpushare init`, and its files' format versions (no apiVersion reads as v1; anything else is an error)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gpushare.cli import app
+from gpushare.cli.init import write_workspace
+from gpushare.core.errors import GpushareError
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.paths import WORKSPACE_MARKER, find_workspace, package_ansible, package_data_path, project_root
+from gpushare.core.spec import load_environment, load_profile_file
+from gpushare.planner.demand import load_demand
+from gpushare.policy.rules import load_waivers
+from tests.conftest import ROOT, WORKSPACE
+
+runner = CliRunner()
+SKELETON = package_data_path("workspace")
+
+
+@pytest.fixture
+def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory in no workspace, with GPUSHARE_ROOT unset."""
+    monkeypatch.delenv("GPUSHARE_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def workspace(outside: Path) -> Path:
+    write_workspace(outside / "gpu-fleet")
+    return outside / "gpu-fleet"
+
+
+# ---------------------------------------------------------------- discovery
+
+
+def test_the_workspace_is_found_by_walking_up(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    deep = workspace / "environments" / "drafts"
+    deep.mkdir()
+    monkeypatch.chdir(deep)
+    assert project_root() == workspace.resolve()
+    result = runner.invoke(app, ["validate", "--env", "dev"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert str(workspace.resolve() / "environments" / "dev.yaml") in result.output
+
+
+def test_gpushare_root_wins_over_the_working_directory(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(workspace)
+    monkeypatch.setenv("GPUSHARE_ROOT", str(WORKSPACE))
+    assert project_root() == WORKSPACE
+    monkeypatch.setenv("GPUSHARE_ROOT", str(workspace / "nowhere"))
+    with pytest.raises(GpushareError) as info:
+        project_root()
+    assert "GPUSHARE_ROOT" in info.value.problems[0].message
+
+
+def test_outside_a_workspace_commands_say_how_to_make_one(outside: Path) -> None:
+    with pytest.raises(GpushareError) as info:
+        project_root()
+    problem = info.value.problems[0]
+    assert str(outside) in problem.message and "gpushare init" in (problem.fix or "")
+    result = runner.invoke(app, ["validate", "--env", "dev", "--json"])
+    assert result.exit_code == 2
+    assert "gpushare init" in json.loads(result.stdout)["problems"][0]["fix"]
+
+
+def test_never_the_package_location(outside: Path) -> None:
+    """This checkout is a workspace, and the package lives in it: standing elsewhere must not find it."""
+    import gpushare
+
+    assert find_workspace(Path(gpushare.__file__).parent) == ROOT  # reachable from the package, yet...
+    with pytest.raises(GpushareError):
+        project_root()  # ...not used from outside
+
+
+def test_the_checkout_is_a_workspace_and_its_defaults_are_the_package_s() -> None:
+    assert find_workspace(ROOT / "gpushare" / "cli") == ROOT
+    assert (ROOT / "profiles").resolve() == SKELETON / "profiles"
+    assert (ROOT / "policies" / "guardrails.yaml").resolve() == SKELETON / "policies" / "guardrails.yaml"
+    assert (ROOT / "playbooks").resolve() == package_ansible()
+    # The workspace ansible.cfg that init writes is this checkout's, with the package's Ansible content.
+    assert (SKELETON / "ansible.cfg").read_text().split("[defaults]")[1].replace("{ansible}", "playbooks") == \
+        (ROOT / "ansible.cfg").read_text().split("[defaults]")[1]
+
+
+# ---------------------------------------------------------------- init
+
+
+def test_init_writes_a_workspace_that_validates_plans_renders_and_previews(workspace: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(workspace)
+    for args in (["validate", "--env", "dev"], ["plan", "--env", "dev"], ["check", "--env", "dev"],
+                 ["render", "--env", "dev", "--out", "build/render"],
+                 ["preview", "--env", "dev", "--out", "build/dev"]):
+        result = runner.invoke(app, args, env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (args, result.output)
+    assert (workspace / "build" / "render" / "fleet.json").is_file()
+    assert any((workspace / "build" / "dev" / "manifests").iterdir())
+
+
+def test_init_writes_every_part(workspace: Path) -> None:
+    names = {str(p.relative_to(workspace)) for p in workspace.rglob("*") if p.is_file()}
+    assert {"gpushare.yaml", "environments/dev.yaml", "policies/guardrails.yaml", "policies/waivers.yaml",
+            "Pulumi.yaml", "Pulumi.dev.yaml", "infra/__main__.py", "ansible.cfg", ".gitignore",
+            "schema/environment.schema.json"} <= names
+    assert {p.name for p in (workspace / "profiles").iterdir()} == {p.name for p in (SKELETON / "profiles").iterdir()}
+    project = yaml.safe_load((workspace / "Pulumi.yaml").read_text())
+    assert project["name"] == "gpu-fleet" and project["main"] == "infra/" and project["runtime"]["name"] == "python"
+    assert "{" not in (workspace / "ansible.cfg").read_text()
+    for key in ("roles_path", "library", "inventory_plugins"):
+        line = next(x for x in (workspace / "ansible.cfg").read_text().splitlines() if x.startswith(f"{key} ="))
+        assert Path(line.split("=", 1)[1].strip()).is_dir(), line
+    assert (workspace / ".gitignore").read_text().split() == ["build/", ".venv/", ".gpushare/"]
+    # The commented waivers example reads as no waivers.
+    assert load_waivers(workspace / "policies" / "waivers.yaml", load_guardrails(workspace / "policies" /
+                                                                                 "guardrails.yaml"))[0] == []
+
+
+def test_init_refuses_a_used_directory(outside: Path) -> None:
+    used = outside / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["init", str(used)])
+    assert result.exit_code == 2 and "not empty" in result.output
+    assert [p.name for p in used.iterdir()] == ["notes.txt"]
+    (outside / "file").write_text("x")
+    assert runner.invoke(app, ["init", str(outside / "file")]).exit_code == 2
+
+
+def test_init_fills_an_empty_directory(outside: Path) -> None:
+    (outside / "empty").mkdir()
+    result = runner.invoke(app, ["init", "empty"])
+    assert result.exit_code == 0, result.output
+    assert (outside / "empty" / WORKSPACE_MARKER).is_file()
+    assert not [p for p in outside.iterdir() if p.name.startswith(".")]  # nothing left beside it
+
+
+# ---------------------------------------------------------------- file format versions
+
+SAMPLES = {  # kind -> (a valid file of that kind, how it is loaded)
+    "Environment": ("environments/dev.yaml", lambda p: load_environment(p)),
+    "Guardrails": ("policies/guardrails.yaml", lambda p: load_guardrails(p)),
+    "Waivers": ("policies/waivers.yaml", lambda p: load_waivers(p, load_guardrails(SKELETON / "policies" /
+                                                                                   "guardrails.yaml"))),
+    "Demand": (str(ROOT / "examples" / "demand" / "inference.yaml"), lambda p: load_demand(p)),
+}
+
+
+def _variant(tmp_path: Path, sample: str, **header: object) -> Path:
+    """The sample file of a kind with its header replaced by `header` (first, so on line 1)."""
+    source = Path(SAMPLES[sample][0])
+    data = yaml.safe_load((source if source.is_absolute() else SKELETON / source).read_text()) or {}
+    data = {**header, **{k: v for k, v in data.items() if k not in ("apiVersion", "kind")}}
+    path = tmp_path / f"{sample.lower()}-{len(list(tmp_path.iterdir()))}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("kind", SAMPLES)
+def test_a_file_without_a_version_reads_as_v1(kind: str, tmp_path: Path) -> None:
+    SAMPLES[kind][1](_variant(tmp_path, kind))
+    SAMPLES[kind][1](_variant(tmp_path, kind, apiVersion="gpushare.io/v1", kind=kind))
+
+
+@pytest.mark.parametrize("kind", SAMPLES)
+def test_an_unknown_version_is_a_located_error(kind: str, tmp_path: Path) -> None:
+    path = _variant(tmp_path, kind, apiVersion="gpushare.io/v2", kind=kind)
+    with pytest.raises(GpushareError) as info:
+        SAMPLES[kind][1](path)
+    problem = info.value.problems[0]
+    assert (problem.file, problem.path, problem.line) == (str(path), "apiVersion", 1)
+    assert "gpushare.io/v2" in problem.message and "apiVersion: gpushare.io/v1" in (problem.fix or "")
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("kind", SAMPLES)
+def test_a_wrong_kind_is_a_located_error(kind: str, tmp_path: Path) -> None:
+    other = "Demand" if kind != "Demand" else "Environment"
+    path = _variant(tmp_path, kind, apiVersion="gpushare.io/v1", kind=other)
+    with pytest.raises(GpushareError) as info:
+        SAMPLES[kind][1](path)
+    problem = info.value.problems[0]
+    assert (problem.file, problem.path) == (str(path), "kind")
+    assert other in problem.message and f"kind: {kind}" in (problem.fix or "")
+
+
+def test_guardrails_keep_their_old_version_field(tmp_path: Path) -> None:
+    assert load_guardrails(_variant(tmp_path, "Guardrails", version=1))
+    with pytest.raises(GpushareError, match="version"):
+        load_guardrails(_variant(tmp_path, "Guardrails", version=2))
+
+
+def test_profiles_carry_an_api_version_and_keep_kind_for_the_sharing_mode(tmp_path: Path) -> None:
+    text = (SKELETON / "profiles" / "exclusive.yaml").read_text()
+    assert "apiVersion: gpushare.io/v1" in text
+    (tmp_path / "exclusive.yaml").write_text(text.replace("apiVersion: gpushare.io/v1\n", ""))
+    assert load_profile_file(tmp_path / "exclusive.yaml")[0].kind == "exclusive"
+    for bad, where in (("apiVersion: gpushare.io/v9", "apiVersion"), ("kind: SharingProfile", "kind")):
+        wrong = text.replace("apiVersion: gpushare.io/v1", bad) if "apiVersion" in bad else \
+            text.replace("kind: exclusive", bad)
+        (tmp_path / "exclusive.yaml").write_text(wrong)
+        with pytest.raises(GpushareError) as info:
+            load_profile_file(tmp_path / "exclusive.yaml")
+        assert info.value.problems[0].path == where and info.value.problems[0].fix
+
+
+def test_shipped_files_carry_their_version() -> None:
+    for path in [*SKELETON.rglob("*.yaml"), *(ROOT / "environments").glob("*.yaml"),
+                 *(ROOT / "examples" / "demand").glob("*.yaml")]:
+        if path.name.startswith("Pulumi."):
+            continue
+        assert yaml.safe_load(path.read_text())["apiVersion"] == "gpushare.io/v1", path
