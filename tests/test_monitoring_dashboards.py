@@ -81,7 +81,7 @@ def test_the_metric_check_would_catch_a_typo() -> None:
 def test_dashboards_are_sharing_aware() -> None:
     dev = dashboards(resolve_env("dev"))
     assert set(dev) == {"gpushare-overview.json", "gpushare-tenants.json", "gpushare-health.json",
-                        "gpushare-mig.json"}
+                        "gpushare-mig.json", "gpushare-showback.json"}
     titles = {title for _, board in dev.items() for title, _ in panel_queries(board)}
     assert {"Advertised, hardware units and physical GPUs per pool", "Utilization per pool", "Memory per replica",
             "Admission wait (p90)", "Utilization per MIG profile", "Last XID per GPU"} <= titles

@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 
+from gpushare.cli.adopt import drift_command, import_command
 from gpushare.cli.capacity import capacity_command
 from gpushare.cli.check import check_command
 from gpushare.cli.common import fail
@@ -22,6 +23,7 @@ from gpushare.cli.pack import pack_command
 from gpushare.cli.preview import preview_command
 from gpushare.cli.promote import promote_command
 from gpushare.cli.rollout import rollout_command
+from gpushare.cli.showback import showback_command
 from gpushare.core.errors import GpushareError
 
 app = typer.Typer(
@@ -42,6 +44,9 @@ app.command("preview")(preview_command)
 app.command("pack")(pack_command)
 app.command("promote")(promote_command)
 app.command("rollout")(rollout_command)
+app.command("showback")(showback_command)
+app.command("import")(import_command)
+app.command("drift")(drift_command)
 app.command("schema")(schema_command)
 
 __all__ = ["app", "fail", "main"]

@@ -16,6 +16,7 @@ from gpushare.ops.rollout.batches import DEFAULT_BATCHES
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
+    from gpushare.core.resolve import ResolvedFleet
     from gpushare.ops.rollout.execute import Result
     from gpushare.ops.rollout.journal import Journal
     from gpushare.ops.rollout.plan import RolloutPlan, Step
@@ -47,6 +48,8 @@ def rollout_command(
                                                 "plugin to advertise a node's resources.")] = 300.0,
     waivers: Annotated[Path | None, typer.Option("--waivers", help="Waivers file for the check "
                                                  "(default policies/waivers.yaml).")] = None,
+    accept_drift: Annotated[bool, typer.Option("--accept-drift", help="Start although the hosts show drift the "
+                                               "rollout cannot explain (see `gpushare drift`).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (no progress display).")] = False,
 ) -> None:
     """Roll an environment out: Pulumi adds configs, bare-metal hosts converge batch by batch behind health gates,
@@ -71,6 +74,8 @@ def rollout_command(
         fleet = resolve_env(env)
         journal = Journal(journal_path or state_dir(fleet.environment) / "journal.jsonl")
         check_output_file(journal.path, [fleet.source], option="--journal")
+        if kubeconfig is not None and not (resume or rollback or dry_run or accept_drift):
+            _refuse_on_drift(fleet, kubeconfig)
         if not (resume or rollback):
             _check(env, waivers, as_json, refuse=True)
         plan = plan_rollout(fleet.source, fleet, journal, batches, kind="rollback" if rollback else "rollout",
@@ -115,6 +120,19 @@ def _say(as_json: bool, message: str) -> None:
         print(json.dumps({"ok": True, "message": message}))
     else:
         print(message)
+
+
+def _refuse_on_drift(fleet: ResolvedFleet, kubeconfig: Path) -> None:
+    from gpushare.ops.rollout.adapters import Kube
+    from gpushare.ops.rollout.drift_gate import unexplained_drift
+
+    drift = unexplained_drift(fleet, Kube(kubeconfig))
+    if drift:
+        raise GpushareError([Problem(f"{fleet.environment}: {len(drift)} drift items the rollout cannot explain; it "
+                                     "does not start", fix=f"repair them (gpushare drift --env {fleet.environment} "
+                                     "--kubeconfig ...), or pass --accept-drift to roll out anyway"),
+                             *[Problem(f"{d.kind}: git {d.git}, cluster {d.cluster}", file=d.node, path=d.field)
+                               for d in drift]], exit_code=1)
 
 
 def _check(env: str, waivers: Path | None, as_json: bool, refuse: bool) -> None:

@@ -90,6 +90,8 @@ CASES = [
          ["both name prod"]),
     Case("option", "`pack --gpus` names a model twice", ["pack", "--demand", "examples/demand/inference.yaml",
                                                         "--gpus", "NVIDIA L4=2,NVIDIA L4=3"], 2, ["listed twice"]),
+    Case("adoption", "`import` from dumps with no GPU node", ["import", "--from", "environments", "--env", "adopted",
+                                                                "--out", "."], 2, ["no GPU node to import"]),
     Case("option", "`check --waivers` names a missing file", ["check", "--env", "dev", "--no-plan", "--waivers",
                                                               "inputs/missing.yaml"], 2, ["not found"]),
 ]

@@ -120,7 +120,9 @@ def assert_contract(result: Result, args: list[str], before: dict[str, str], aft
     assert "Traceback" not in result.text, f"gpushare {shown}: a traceback\n{result.text[-3000:]}"
     assert "internal error" not in result.text, f"gpushare {shown}:\n{result.text[-3000:]}"
     if result.code != 0:
-        assert "fix" in result.text.lower(), f"gpushare {shown}: exit {result.code} without a fix\n{result.text}"
+        # A usage error (Click: unknown option, a value out of an option's range) points at --help instead.
+        hint = "fix" in result.text.lower() or (result.code == 2 and "--help' for help" in result.text)
+        assert hint, f"gpushare {shown}: exit {result.code} without a fix\n{result.text}"
     if "--json" in args and result.stdout.strip():
         document = json.loads(result.stdout)
         assert isinstance(document, dict) and document.get("ok") is (result.code == 0), (shown, document)

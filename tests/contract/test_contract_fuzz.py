@@ -15,9 +15,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.contract.harness import Worker, assert_contract, make_workspace, seed, snapshot, write_input
+from tests.contract.harness import ROOT, Worker, assert_contract, make_workspace, seed, snapshot, write_input
 
 pytestmark = pytest.mark.slow
+CLUSTERS = ROOT / "tests" / "brownfield" / "clusters"  # kubectl dumps of running clusters (read-only)
 
 # YAML text that surprises: YAML 1.1 booleans and dates, sexagesimal, octal, huge and odd numbers, templates
 # and shell, empty and nested values, anchors, long text, control characters.
@@ -180,7 +181,21 @@ PROM_ARG = st.sampled_from(["not a url", "ftp://127.0.0.1", "http://", "http://[
 @st.composite
 def command_lines(draw: st.DrawFn) -> list[str]:
     kind = draw(st.sampled_from(["mig", "render", "validate", "capacity", "check", "promote", "pack", "plan",
-                                 "preview", "rollout", "discover", "schema", "mig-profiles"]))
+                                 "preview", "rollout", "discover", "schema", "mig-profiles", "import", "drift",
+                                 "showback"]))
+    if kind == "import":
+        source = draw(st.sampled_from(["inputs/dir.yaml", "inputs/missing", "environments", "inputs/fifo.yaml",
+                                       "/dev/null", str(CLUSTERS / "default-operator")]))
+        return ["import", "--from", source, "--env", draw(st.sampled_from(["adopted", "dev", "Bad_Name", ""])),
+                "--out", draw(st.sampled_from(["out/ws", "environments", "inputs/dir.yaml", "."]))]
+    if kind == "drift":
+        source = draw(st.sampled_from(["inputs/dir.yaml", "inputs/missing", "environments",
+                                       str(CLUSTERS / "timeslicing-mig")]))
+        return ["drift", "--env", draw(ENV_ARG), "--from", source,
+                "--stuck-after", draw(st.sampled_from(["30", "-1", "x", "1e400"]))]
+    if kind == "showback":
+        return ["showback", "--env", draw(ENV_ARG), "--prometheus", draw(PROM_ARG),
+                "--window", draw(st.sampled_from(["30d", "0d", "x", "99999999999999999999d"]))]
     if kind == "preview":
         return ["preview", "--env", draw(st.sampled_from(["staging", "inputs/dir.yaml", "dev", "inputs/missing.yaml"])),
                 "--out", draw(OUT_ARG)]

@@ -174,6 +174,37 @@ def _tenants(fleet: ResolvedFleet) -> dict[str, Any]:
                       [_query_variable("tenant", "Tenant", "label_values(gpushare:tenant:info, tenant)")], rows)
 
 
+def _showback(fleet: ResolvedFleet) -> dict[str, Any]:
+    """GPU-equivalents per tenant and idle per pool, the series `gpushare showback` sums over its window."""
+    # The recording rules run once a minute, so a sum of 30 days of samples / 60 is GPU-hours.
+    hours = "sum_over_time({expr}[30d]) / 60"
+    rows = [
+        ("GPU-hours, last 30 days", [
+            PanelSpec("GPU-hours allocated per tenant", (Query(
+                "sum by (tenant) (" + hours.format(expr=f"gpushare:tenant_allocated:gpus{{{TENANT}}}") + ")",
+                "{{tenant}}"),), kind="stat", width=12,
+                description="Each unit held counts with its share of a GPU: a MIG instance its compute slices, a "
+                            "time-slicing or MPS replica 1/replicas."),
+            PanelSpec("Idle GPU-hours per pool", (Query(
+                "sum by (pool) (" + hours.format(expr=f"gpushare:pool_idle:gpus{{{POOL}}}") + ")", "{{pool}}"),),
+                kind="stat", width=12),
+        ]),
+        ("Over time", [
+            PanelSpec("GPUs allocated per tenant", (Query(
+                f"sum by (tenant) (gpushare:tenant_allocated:gpus{{{TENANT}}})", "{{tenant}}"),)),
+            PanelSpec("GPUs used per tenant (whole GPUs and MIG)", (Query(
+                f"sum by (tenant) (gpushare:tenant_used:gpus{{{TENANT}}})", "{{tenant}}"),),
+                description="Measured busy share where DCGM names the pod; time-sliced and MPS GPUs are "
+                            "allocation-only."),
+            PanelSpec("Idle GPUs per pool", (Query(f"gpushare:pool_idle:gpus{{{POOL}}}", "{{pool}}"),), width=24),
+        ]),
+    ]
+    return _dashboard(f"gpushare-showback-{fleet.environment}", f"gpushare showback ({fleet.environment})",
+                      fleet.environment, "GPU-hours per tenant and idle per pool; `gpushare showback` prices them.",
+                      [_query_variable("tenant", "Tenant", "label_values(gpushare:tenant:info, tenant)"),
+                       _query_variable("pool", "Pool", "label_values(gpushare:pool:info, pool)")], rows)
+
+
 def _mig(fleet: ResolvedFleet) -> dict[str, Any]:
     rows = [
         ("MIG profiles", [
@@ -262,6 +293,7 @@ def build_dashboards(fleet: ResolvedFleet) -> dict[str, dict[str, Any]]:
         "gpushare-overview.json": _overview(fleet),
         "gpushare-tenants.json": _tenants(fleet),
         "gpushare-health.json": _health(fleet),
+        "gpushare-showback.json": _showback(fleet),
     }
     if any(n.mig_layout for n in fleet.nodes):
         out["gpushare-mig.json"] = _mig(fleet)

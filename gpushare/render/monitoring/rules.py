@@ -159,6 +159,65 @@ def compute_fractions_expr(pools: list[ResolvedPool]) -> str:
     return "(\n  " + "\n  or ".join(parts) + "\n)"
 
 
+def resource_gpu_shares(pools: list[ResolvedPool]) -> dict[tuple[str, str], tuple[float, float]]:
+    """(pool, kube-state-metrics resource) -> the share of one physical GPU that one unit of the resource holds:
+    (compute, memory). A whole GPU is 1; a MIG instance its compute (memory) slices over the GPU's; a time-slicing
+    or MPS replica 1/replicas of what it shares."""
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for pool in pools:
+        for node in pool.nodes:
+            model = node.gpu_model
+            backing: dict[str, tuple[float, float]] = {}
+            for profile, count in (node.mig_layout or {}).items():
+                mig = model.profiles[profile]
+                named = f"nvidia.com/mig-{profile.replace('+', '.')}"
+                resource = next((r for r in node.advertised if r.startswith(named)), None) or \
+                    next(r for r in node.advertised if r.startswith("nvidia.com/gpu"))
+                c, m = backing.get(resource, (0.0, 0.0))
+                backing[resource] = (c + count * mig.compute_slices / model.compute_slices_total,
+                                     m + count * mig.memory_slices / model.placement_units_total)
+            for resource, advertised in node.advertised.items():
+                per_gpu = advertised / node.gpus_per_node
+                compute, memory = backing.get(resource, (1.0, 1.0))
+                out[(pool.name, ksm_name(resource))] = (round(compute / per_gpu, 6), round(memory / per_gpu, 6))
+    return dict(sorted(out.items()))
+
+
+def allocated_gpus_expr(pools: list[ResolvedPool], allocated: str = "gpushare:namespace_allocated:units",
+                        shares: str = "gpushare:resource_gpu_share:ratio") -> str:
+    """GPU-equivalents allocated per namespace and pool: each requested unit weighted by its share of a GPU."""
+    return f"""sum by (namespace, pool) (
+  ({allocated})
+  * on (pool, resource) group_left () {shares}
+)"""
+
+
+def resource_gpu_shares_expr(pools: list[ResolvedPool]) -> str:
+    """The gpushare:resource_gpu_share:ratio series as one inline expression (for queries over history)."""
+    parts = [f'label_replace(label_replace(vector({compute:g}), "pool", "{pool}", "", ""), '
+             f'"resource", "{resource}", "", "")'
+             for (pool, resource), (compute, _memory) in resource_gpu_shares(pools).items()]
+    return "(\n  " + "\n  or ".join(parts) + "\n)"
+
+
+def used_gpus_expr(node_pool: str = "gpushare:node_pool:info", compute: str = "gpushare:unit_compute:ratio") -> str:
+    """GPU-equivalents busy per namespace and pool, measured: whole GPUs and MIG instances whose DCGM series name
+    the pod (GR_ENGINE_ACTIVE, GPU_UTIL only on whole GPUs), weighted by the unit's compute share. Time-sliced
+    GPUs' per-pod copies (`vgpu`) are left out: the exporter cannot attribute their busy time."""
+    busy = f"""(
+  max by ({UNIT}, namespace) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{{vgpu="", namespace!=""}})
+  or max by ({UNIT}, namespace) (DCGM_FI_DEV_GPU_UTIL{{vgpu="", GPU_I_ID="", namespace!=""}}) / 100
+)
+* on (modelName, GPU_I_PROFILE) group_left () {compute}"""
+    return "sum by (namespace, pool) (\n" + _with_pool(to_node(f"({busy})"), node_pool) + "\n)"
+
+
+def physical_gpus_expr(node_pool: str = "gpushare:node_pool:info") -> str:
+    """Physical GPUs per pool that DCGM reports (each GPU once, however many pod or instance series it has)."""
+    util = unit_utilization_expr(node_pool)
+    return f"count by (pool) (count by (node, UUID, pool) (\n{util}\n))"
+
+
 def allocated_expr(node_pool: str = "gpushare:node_pool:info") -> str:
     """GPU resources requested by pending or running pods on the pools' nodes, by namespace, pool and resource."""
     return f"""sum by (namespace, pool, resource) (
@@ -326,6 +385,7 @@ sum by (tenant, pool) (gpushare:namespace_{metric} * on (namespace) group_left (
 sum by (tenant, pool, resource) (
   gpushare:namespace_allocated:units * on (namespace) group_left (tenant) gpushare:tenant:info
 )"""))
+    rules += showback_rules(pools)
     to_tenant = f'"tenant", "$1", "cluster_queue", "{QUEUE_PREFIX}(.+)"'
     rules.append(_record("gpushare:tenant_pending_workloads:sum", f"""
 sum by (tenant) (label_replace(kueue_pending_workloads{{cluster_queue=~"{QUEUE_PREFIX}.+"}}, {to_tenant}))"""))
@@ -368,6 +428,24 @@ max by (pool) (
   or label_replace(gpushare:pool_unschedulable_pod_age_seconds:max, "source", "unschedulable-pods", "", "")
   or label_replace(gpushare:pool_scheduling_wait_seconds:max, "source", "scheduled-pods", "", "")
 )"""))
+    return rules
+
+
+def showback_rules(pools: list[ResolvedPool]) -> list[dict[str, Any]]:
+    """GPU-equivalents per namespace, tenant and pool (allocated, and measured where DCGM attributes it) and idle
+    per pool: `gpushare showback` sums them over its window, so long windows read these, not raw series."""
+    rules = [_record("gpushare:resource_gpu_share:ratio", f"vector({compute:g})", {"pool": pool, "resource": res})
+             for (pool, res), (compute, _memory) in resource_gpu_shares(pools).items()]
+    rules += [
+        _record("gpushare:namespace_allocated:gpus", allocated_gpus_expr(pools)),
+        _record("gpushare:namespace_used:gpus", used_gpus_expr()),
+        _record("gpushare:pool_idle:gpus", """
+gpushare:pool_physical_gpus:count - on (pool) sum by (pool) (gpushare:namespace_allocated:gpus)
+or gpushare:pool_physical_gpus:count"""),
+    ]
+    for metric in ("allocated", "used"):
+        rules.append(_record(f"gpushare:tenant_{metric}:gpus", f"""
+sum by (tenant, pool) (gpushare:namespace_{metric}:gpus * on (namespace) group_left (tenant) gpushare:tenant:info)"""))
     return rules
 
 

@@ -1,0 +1,214 @@
+"""`gpushare import` (a running cluster's GPU sharing into a workspace) and `gpushare drift` (Git against the
+cluster, per node). Both only read the cluster."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from gpushare.cli.common import EnvOption, JsonOption, fail
+from gpushare.core.errors import GpushareError, Problem
+
+if TYPE_CHECKING:
+    from gpushare.ops.brownfield.cluster import ClusterState
+    from gpushare.ops.brownfield.drift import DriftReport
+    from gpushare.ops.brownfield.importer import ImportResult
+
+FromOption = Annotated[Path | None, typer.Option("--from", help="Folder of `kubectl get ... -o yaml` dumps "
+                                                 "(docs/adoption.md lists the commands).")]
+KubeconfigOption = Annotated[Path | None, typer.Option("--kubeconfig", help="Read the cluster live through the "
+                                                       "Kubernetes Python client (gpushare's `live` extra).")]
+ContextOption = Annotated[str | None, typer.Option("--context", help="Kubeconfig context (default: the current).")]
+
+
+def one_source(from_dir: Path | None, kubeconfig: Path | None) -> None:
+    if (from_dir is None) == (kubeconfig is None):
+        raise GpushareError(Problem("give exactly one of --from and --kubeconfig", path="--from",
+                                    fix="--from DIR reads dumps; --kubeconfig FILE reads the cluster live"),
+                            exit_code=2)
+
+
+def read_cluster(from_dir: Path | None, kubeconfig: Path | None, context: str | None) -> ClusterState:
+    one_source(from_dir, kubeconfig)
+    if from_dir is not None:
+        from gpushare.ops.brownfield.cluster import read_dumps
+
+        return read_dumps(from_dir)
+    assert kubeconfig is not None
+    from gpushare.ops.brownfield.live import read_live
+
+    return read_live(kubeconfig, context)
+
+
+def import_command(
+    env: Annotated[str, typer.Option("--env", "-e", help="Name of the environment to write (a DNS label).")],
+    from_dir: FromOption = None,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    out: Annotated[Path | None, typer.Option("--out", help="The workspace to write into (`gpushare init DIR` makes "
+                                             "one); default: the workspace you are in. Nothing is overwritten.")]
+    = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write an environment file, sharing profiles and a Pulumi stack that reproduce a running cluster's GPU sharing
+    into a workspace, overwriting nothing; what gpushare cannot express is listed (`unsupported`), never dropped.
+    Never writes to the cluster."""
+    from gpushare.core.paths import WORKSPACE_MARKER, project_root
+    from gpushare.ops.brownfield.importer import import_cluster
+
+    try:
+        one_source(from_dir, kubeconfig)
+        _check_env_name(env)
+        workspace = out if out is not None else project_root()
+        if not (workspace / WORKSPACE_MARKER).is_file():
+            raise GpushareError(Problem(f"--out is not a gpushare workspace (no {WORKSPACE_MARKER})",
+                                        file=str(workspace), fix=f"create one first: gpushare init {workspace}"),
+                                exit_code=2)
+        result = import_cluster(read_cluster(from_dir, kubeconfig, context), env, existing_profiles(workspace))
+        _write_files(workspace, result)
+        configs, problems = _resolved_configs(workspace, result)
+    except GpushareError as err:
+        raise fail(err, as_json) from None
+    if as_json:
+        print(json.dumps({"ok": not problems, **result.as_dict(), "configs": configs, "errors": problems}, indent=2))
+    else:
+        _print_import(workspace, result, configs, problems)
+    if problems:
+        raise typer.Exit(code=1)
+
+
+def _check_env_name(env: str) -> None:
+    import re
+
+    from gpushare.core.spec import NAME_PATTERN
+
+    if re.fullmatch(NAME_PATTERN, env) is None or len(env) > 63:
+        raise GpushareError(Problem(f"--env {env!r} is not a DNS label", path="--env",
+                                    fix="use lowercase letters, digits and '-', e.g. prod"), exit_code=2)
+
+
+def existing_profiles(workspace: Path) -> dict[str, object]:
+    """The workspace's profiles by name: an imported profile equal to one of them reuses it."""
+    from gpushare.core.spec import load_profile_file
+
+    found: dict[str, object] = {}
+    for path in sorted((workspace / "profiles").glob("*.yaml")):
+        profile, _ = load_profile_file(path)
+        found[profile.name] = profile
+    return found
+
+
+def _write_files(workspace: Path, result: ImportResult) -> None:
+    """Every file or none: all targets are checked before the first is written, and none may exist."""
+    from gpushare.core.files import check_output_file, write_file
+
+    taken = [rel for rel in result.files if (workspace / rel).exists()]
+    if taken:
+        raise GpushareError(Problem(f"import would overwrite {', '.join(sorted(taken))}", file=str(workspace),
+                                    fix="choose another --env name, or move those files away"), exit_code=2)
+    for rel in result.files:
+        check_output_file(workspace / rel)
+    for rel, text in result.files.items():
+        write_file(workspace / rel, text)
+
+
+def _resolved_configs(out: Path, result: ImportResult) -> tuple[dict[str, str], list[str]]:
+    """Source config -> the content-named config gpushare renders for it; and the written environment's problems."""
+    from gpushare.core.resolve import resolve
+
+    try:
+        fleet = resolve(out / "environments" / f"{result.environment}.yaml", out / "profiles")
+    except GpushareError as err:
+        return {}, [str(p) for p in err.problems]
+    by_name = {n.name: n for n in fleet.nodes}
+    configs: dict[str, str] = {}
+    for node in result.nodes:
+        git = by_name[node.name]
+        if node.device_plugin_config and git.device_plugin_config:
+            configs[f"device-plugin.config={node.device_plugin_config}"] = git.device_plugin_config
+        if node.mig_config and git.mig_config:
+            configs[f"mig.config={node.mig_config}"] = git.mig_config
+    return dict(sorted(configs.items())), []
+
+
+def _print_import(out: Path, result: ImportResult, configs: dict[str, str], problems: list[str]) -> None:
+    print(f"imported environment {result.environment} into {out}: {len(result.files)} files, "
+          f"{len(result.nodes)} nodes")
+    for source, profile in sorted(result.mapping.items()):
+        print(f"  config {source} -> profile {profile}")
+    for source, name in configs.items():
+        print(f"  {source} -> {name} (rendered name)")
+    if result.unsupported:
+        print(f"not expressed ({len(result.unsupported)}; also in imports/{result.environment}-report.yaml):")
+        for u in result.unsupported:
+            print(f"  {u.object} {u.field}: {u.reason}")
+    for p in problems:
+        print(f"error: {p}")
+    print(f"next: cd {out} && gpushare validate --env {result.environment} && gpushare drift --env "
+          f"{result.environment} --from <dumps> (docs/adoption.md)")
+
+
+def drift_command(
+    env: EnvOption,
+    from_dir: FromOption = None,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="Which of the environment's clusters the dumps "
+                                                "or the context show (needed where it has several).")] = None,
+    stuck_after: Annotated[float, typer.Option("--stuck-after", min=0, max=525_600, help="Minutes a MIG change may stay "
+                                               "pending or rebooting before it counts as drift.")] = 30.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Per node, Git against the cluster: gpushare's labels, MIG config and state, paused operands, device-plugin
+    config against what the node advertises, taints, toolkit version, unknown nodes and missing hosts. Exit 1 on
+    drift."""
+    from gpushare.core.resolve import resolve_env
+    from gpushare.ops.brownfield.drift import find_drift
+
+    try:
+        one_source(from_dir, kubeconfig)
+        fleet = resolve_env(env)
+        name = pick_cluster(list(fleet.clusters), cluster)
+        state = read_cluster(from_dir, kubeconfig, context)
+        report = find_drift(fleet, state, name, datetime.now(UTC), timedelta(minutes=stuck_after))
+    except GpushareError as err:
+        raise fail(err, as_json) from None
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print_drift(report)
+    if not report.ok:
+        raise typer.Exit(code=1)
+
+
+def pick_cluster(clusters: list[str], wanted: str | None) -> str:
+    if wanted is None and len(clusters) == 1:
+        return clusters[0]
+    if wanted in clusters:
+        return wanted
+    raise GpushareError(Problem(f"--cluster {wanted!r} is not one of the environment's clusters" if wanted else
+                                "the environment has several clusters", path="--cluster",
+                                fix=f"name the one the dumps show: --cluster one of {', '.join(clusters)}"),
+                        exit_code=2)
+
+
+def print_drift(report: DriftReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    for title, items in (("drift", report.drift), ("pending (the next rollout applies these)", report.pending)):
+        if not items:
+            continue
+        table = Table(title=f"{report.environment}: {title}")
+        for col in ("node", "kind", "field", "git", "cluster"):
+            table.add_column(col, overflow="fold")
+        for d in items:
+            table.add_row(d.node, d.kind, d.field, d.git, d.cluster)
+        console.print(table)
+    verdict = "no drift" if report.ok else f"{len(report.drift)} drift items"
+    console.print(f"{report.environment}: {verdict}, {len(report.pending)} pending", markup=False)

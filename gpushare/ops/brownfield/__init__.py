@@ -1,0 +1,2 @@
+"""Brownfield adoption: import a running cluster's GPU sharing into a workspace, and show drift between Git and
+the cluster."""

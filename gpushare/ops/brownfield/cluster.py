@@ -1,0 +1,243 @@
+"""A cluster's GPU state as `kubectl get -o yaml` shows it (read from dumps in a folder, or live through the
+Kubernetes client in `live.py`), and the readers import and drift share. Read-only."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpushare.core.catalog import GpuModel, load_catalog
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.files import load_yaml_file
+from gpushare.core.spec import NAME_PATTERN, is_system_namespace
+
+DEVICE_PLUGIN_LABEL = "nvidia.com/device-plugin.config"
+OPERATOR_MIG_LABEL = "nvidia.com/mig.config"
+OPERATOR_STATE_LABEL = "nvidia.com/mig.config.state"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+COUNT_LABEL = "nvidia.com/gpu.count"
+DRIVER_LABEL = "nvidia.com/cuda.driver.major"
+MIG_DISABLED = "all-disabled"
+# Kinds the importer reads; every other object in the dumps is listed as unsupported, not ignored.
+KINDS = ("ClusterPolicy", "NVIDIADriver", "ConfigMap", "Node", "ResourceQuota", "PriorityClass", "Namespace",
+         "ResourceFlavor", "ClusterQueue", "LocalQueue", "Cohort")
+
+
+@dataclass
+class Unsupported:
+    object: str
+    field: str
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"object": self.object, "field": self.field, "reason": self.reason}
+
+
+@dataclass
+class SharingConfig:
+    """One named device-plugin config, reduced to what decides what a GPU advertises."""
+
+    name: str
+    kind: str  # exclusive, time-slicing or mps
+    replicas: int = 1
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+    per_resource: dict[str, int] = field(default_factory=dict)  # resource name -> replicas, as written
+    mig_strategy: str | None = None
+
+
+@dataclass
+class ClusterState:
+    """The GPU-related objects of one cluster, grouped by kind, with where each came from."""
+
+    source: str
+    objects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    unknown: list[tuple[str, str]] = field(default_factory=list)  # (kind/name, file) of objects not read
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return self.objects.get(kind, [])
+
+    @property
+    def cluster_policy(self) -> dict[str, Any]:
+        policies = self.of("ClusterPolicy")
+        return policies[0] if policies else {}
+
+    def gpu_nodes(self) -> list[dict[str, Any]]:
+        return [n for n in self.of("Node") if is_gpu_node(n)]
+
+    def device_plugin_configs(self) -> dict[str, dict[str, Any]]:
+        """Every device-plugin config (a ConfigMap key whose YAML is a k8s-device-plugin config), by key."""
+        return {k: v for k, v in self._config_map_entries() if isinstance(v, dict) and "mig-configs" not in v
+                and v.get("version") == "v1" and ("sharing" in v or "flags" in v)}
+
+    def mig_configs(self) -> dict[str, list[dict[str, Any]]]:
+        """Every mig-parted config by name, from each ConfigMap key whose YAML is a mig-parted file."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for _, value in self._config_map_entries():
+            if isinstance(value, dict) and isinstance(value.get("mig-configs"), dict):
+                out.update(value["mig-configs"])
+        return out
+
+    def _config_map_entries(self) -> Iterable[tuple[str, Any]]:
+        for cm in self.of("ConfigMap"):
+            for key, text in (cm.get("data") or {}).items():
+                try:
+                    yield key, yaml.safe_load(text)
+                except yaml.YAMLError:
+                    continue
+
+
+def labels_of(obj: dict[str, Any]) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("labels") or {})
+
+
+def name_of(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", "?"))
+
+
+def is_gpu_node(node: dict[str, Any]) -> bool:
+    labels = labels_of(node)
+    return labels.get("nvidia.com/gpu.present") == "true" or COUNT_LABEL in labels
+
+
+# ---------------------------------------------------------------- reading dumps
+
+
+def read_dumps(directory: Path) -> ClusterState:
+    """Every `*.yaml` in DIR: a `kind: List` (as `kubectl get -o yaml` writes) or single objects."""
+    if not directory.is_dir():
+        raise GpushareError(Problem("not a directory", file=str(directory), path="--from",
+                                    fix="give a folder of `kubectl get ... -o yaml` dumps"), exit_code=2)
+    state = ClusterState(source=str(directory))
+    files = sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml"))
+    if not files:
+        raise GpushareError(Problem("holds no .yaml files", file=str(directory), path="--from",
+                                    fix="dump the objects with `kubectl get nodes -o yaml > nodes.yaml` (see "
+                                        "docs/adoption.md)"), exit_code=2)
+    for path in files:
+        _, data = load_yaml_file(path, "cluster dump")
+        add_objects(state, data, str(path))
+    return state
+
+
+def add_objects(state: ClusterState, data: Any, where: str) -> None:
+    items = data.get("items") if isinstance(data, dict) and str(data.get("kind", "")).endswith("List") else [data]
+    for obj in items or []:
+        if not isinstance(obj, dict) or "kind" not in obj:
+            raise GpushareError(Problem("an item is not a Kubernetes object (no kind)", file=where,
+                                        fix="dump with `kubectl get KIND -o yaml`"))
+        kind = str(obj["kind"])
+        if kind in KINDS:
+            state.objects.setdefault(kind, []).append(obj)
+        else:
+            state.unknown.append((f"{kind}/{name_of(obj)}", where))
+
+
+# ---------------------------------------------------------------- reading the objects
+
+
+def product_model(product: str) -> GpuModel | None:
+    """The catalog model of a GPU Feature Discovery product label (`-SHARED` under time-slicing and MPS,
+    `-MIG-<profile>` under the single strategy)."""
+    base = re.sub(r"-SHARED$", "", product)
+    base = re.sub(r"-MIG-\d+g\.\d+gb.*$", "", base)
+    return load_catalog().find(base)
+
+
+def sharing_config(name: str, data: dict[str, Any], unsupported: list[Unsupported], where: str) -> SharingConfig:
+    flags = data.get("flags") or {}
+    sharing = data.get("sharing") or {}
+    known = {"version", "flags", "sharing"}
+    for key in sorted(set(data) - known):
+        unsupported.append(Unsupported(where, f"{name}.{key}", "device-plugin setting gpushare does not render"))
+    for key in sorted(set(flags) - {"migStrategy", "failOnInitError", "plugin"}):
+        unsupported.append(Unsupported(where, f"{name}.flags.{key}", "device-plugin flag gpushare does not render"))
+    config = SharingConfig(name=name, kind="exclusive", mig_strategy=flags.get("migStrategy"))
+    for kind, block_name in (("time-slicing", "timeSlicing"), ("mps", "mps")):
+        block = sharing.get(block_name)
+        if not block:
+            continue
+        resources = {str(r.get("name")): int(r.get("replicas", 1)) for r in block.get("resources") or []}
+        config.kind, config.per_resource = kind, resources
+        config.replicas = max(resources.values(), default=1)
+        config.rename_by_default = bool(block.get("renameByDefault", False))
+        config.fail_requests_greater_than_one = bool(block.get("failRequestsGreaterThanOne", False))
+        if len(set(resources.values())) > 1:
+            unsupported.append(Unsupported(where, f"{name}.sharing.{block_name}.resources", "different replicas per "
+                                           f"resource ({resources}); gpushare gives one count, the import uses "
+                                           f"{config.replicas}"))
+    return config
+
+
+def mig_layout(entries: list[dict[str, Any]], model: GpuModel) -> dict[str, int] | None:
+    """The layout a mig-parted config gives every GPU of this model; None where MIG is off."""
+    catalog = load_catalog()
+    for entry in entries:
+        filters = entry.get("device-filter")
+        if filters is not None:
+            wanted = [filters] if isinstance(filters, str) else list(filters)
+            if model.name not in {m.name for m in (catalog.find(f) for f in wanted) if m is not None}:
+                continue
+        if not entry.get("mig-enabled"):
+            return None
+        return {str(k): int(v) for k, v in (entry.get("mig-devices") or {}).items()}
+    return None
+
+
+def mig_entries_partial(entries: list[dict[str, Any]]) -> bool:
+    """A config that gives some GPUs of a node another layout (devices: [0, 1]) cannot be a gpushare profile."""
+    return any(entry.get("devices", "all") != "all" for entry in entries)
+
+
+def kubernetes_minor(nodes: list[dict[str, Any]]) -> str:
+    versions = [str(((n.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion", "")) for n in nodes]
+    minors = sorted({m.group(1) for v in versions if (m := re.match(r"v?(1\.\d+)", v))},
+                    key=lambda t: tuple(int(x) for x in t.split(".")))
+    return minors[0] if minors else "1.31"
+
+
+def internal_ip(node: dict[str, Any]) -> str | None:
+    for address in (node.get("status") or {}).get("addresses") or []:
+        if address.get("type") == "InternalIP":
+            return str(address.get("address"))
+    return None
+
+
+def quantity(text: Any) -> int | None:
+    """An extended-resource quantity (whole numbers only: GPUs cannot be fractions)."""
+    try:
+        return int(str(text))
+    except ValueError:
+        return None
+
+
+def gpu_resources(values: dict[str, Any]) -> dict[str, int]:
+    """The nvidia.com/* resources of a node's capacity or allocatable, or a quota's hard limits."""
+    out: dict[str, int] = {}
+    for key, value in (values or {}).items():
+        resource = key.removeprefix("requests.")
+        count = quantity(value)
+        if resource.startswith("nvidia.com/") and count is not None and count > 0:
+            out[resource] = count
+    return out
+
+
+def valid_name(text: str, limit: int = 63) -> str:
+    """A DNS label from a config or object name: `all-1g.10gb` becomes `all-1g-10gb`."""
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:limit].strip("-")
+    return cleaned or "imported"
+
+
+def is_dns_label(text: str) -> bool:
+    return re.fullmatch(NAME_PATTERN, text) is not None and len(text) <= 63
+
+
+def tenant_namespaces(state: ClusterState) -> list[str]:
+    namespaces = {str((q.get("metadata") or {}).get("namespace", "")) for q in state.of("ResourceQuota")}
+    namespaces |= {str((q.get("metadata") or {}).get("namespace", "")) for q in state.of("LocalQueue")}
+    return sorted(n for n in namespaces if n and not is_system_namespace(n))

@@ -1,0 +1,249 @@
+"""`gpushare showback`: GPU-hours (and their cost) per tenant over a window, split the way each GPU is shared.
+
+One unit of a GPU resource held for an hour is its share of a physical GPU-hour (rules.resource_gpu_shares):
+a whole GPU 1, a MIG instance its compute slices over the GPU's (memory slices beside), a time-slicing or MPS
+replica 1/replicas. Idle is each pool's physical GPU-hours less what its tenants held, so rows plus idle equal
+the physical GPU-hours. Every figure counts only the steps where DCGM reports the pool's GPUs: a gap in the data
+lowers `coverage`, never anyone's hours. Used hours are DCGM's busy share where the exporter names the pod (whole
+GPUs, MIG instances); on time-sliced and MPS GPUs it cannot, so they are null (allocation only)."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.files import check_output_file
+from gpushare.core.guardrails import duration_seconds, load_guardrails
+from gpushare.core.prices import PriceTable, load_prices, prices_path
+from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve_env
+from gpushare.ops.capacity import Prometheus
+from gpushare.render.monitoring import rules as r
+
+SOURCES = ("auto", "recorded", "raw")
+GROUPINGS = ("tenant", "pool", "model")
+MEASURED = ("exclusive", "mig")  # sharing kinds whose busy time DCGM attributes to a pod
+
+
+@dataclass
+class Row:
+    tenant: str
+    pool: str
+    model: str
+    sharing: str
+    allocated_gpu_hours: float
+    used_gpu_hours: float | None
+    cost: float | None = None
+    memory_gpu_hours: float = 0.0  # MIG: the instances' memory slices over the GPU's, for the same hours
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "pool": self.pool, "model": self.model, "sharing": self.sharing,
+                "allocated_gpu_hours": _round(self.allocated_gpu_hours), "used_gpu_hours": _round(self.used_gpu_hours),
+                "cost": _round(self.cost)}
+
+
+@dataclass
+class Idle:
+    pool: str
+    model: str
+    gpu_hours: float
+    cost: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool, "model": self.model, "gpu_hours": _round(self.gpu_hours), "cost": _round(self.cost)}
+
+
+@dataclass
+class ShowbackReport:
+    fleet: ResolvedFleet
+    window: str
+    end: float
+    source: str
+    physical_gpu_hours: float
+    planned_gpu_hours: float
+    rows: list[Row]
+    idle: list[Idle]
+    currency: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def coverage(self) -> float:
+        """Share of the window's planned physical GPU-hours that DCGM reported."""
+        return min(1.0, self.physical_gpu_hours / self.planned_gpu_hours) if self.planned_gpu_hours else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": True, "environment": self.fleet.environment, "window": self.window,
+                "physical_gpu_hours": _round(self.physical_gpu_hours), "coverage": round(self.coverage, 4),
+                "rows": [row.as_dict() for row in self.rows], "idle": [i.as_dict() for i in self.idle]}
+
+
+def _value(sample: dict[str, Any]) -> float | None:
+    value = float(sample["value"][1])
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def pool_model(pool: ResolvedPool) -> str:
+    return ", ".join(sorted({n.gpu_model.name for n in pool.nodes}))
+
+
+# ---------------------------------------------------------------- queries: one number per series over the window
+
+
+def _queries(fleet: ResolvedFleet, source: str) -> dict[str, str]:
+    """Per-step expressions: physical GPUs per pool; allocated units per namespace, pool and resource; busy
+    GPU-equivalents per namespace and pool. Allocation and use count only where the pool's GPUs report."""
+    if source == "recorded":
+        physical = "gpushare:pool_physical_gpus:count"
+        allocated = "gpushare:namespace_allocated:units"
+        used = "gpushare:namespace_used:gpus"
+    else:
+        node_pool = f"(\n{r.NODE_POOL_EXPR}\n)"
+        physical = r.physical_gpus_expr(node_pool)
+        allocated = r.allocated_expr(node_pool)
+        used = r.used_gpus_expr(node_pool, r.compute_fractions_expr(fleet.pools))
+    return {"physical": physical, "allocated": f"({allocated})\nand on (pool) ({physical})",
+            "used": f"({used})\nand on (pool) ({physical})"}
+
+
+def _recorded_coverage(prom: Prometheus, window: str, step: str, at: float) -> float:
+    samples = prom.query("recording rules coverage",
+                         f"max(count_over_time(gpushare:namespace_allocated:units[{window}:{step}]))", at)
+    steps = max(1, duration_seconds(window) // duration_seconds(step))
+    return min(1.0, max((v for v in map(_value, samples) if v is not None), default=0.0) / steps)
+
+
+def _hours(prom: Prometheus, name: str, expr: str, window: str, step: str, at: float
+           ) -> list[tuple[dict[str, str], float]]:
+    """sum_over_time of a per-step GPU count, as GPU-hours, per series."""
+    per_step = duration_seconds(step) / 3600
+    out = []
+    for sample in prom.query(name, f"sum_over_time((\n{expr}\n)[{window}:{step}])", at):
+        value = _value(sample)
+        if value is not None:
+            out.append((sample.get("metric", {}), value * per_step))
+    return out
+
+
+# ---------------------------------------------------------------- the split
+
+
+def _tenants(fleet: ResolvedFleet) -> dict[str, str]:
+    return {t.namespace: t.name for t in fleet.tenants}
+
+
+def split(fleet: ResolvedFleet, physical: dict[str, float], allocated: list[tuple[dict[str, str], float]],
+          used: dict[tuple[str, str], float]) -> tuple[list[Row], list[Idle], list[str]]:
+    """Rows per (tenant, pool) and idle per pool from the window's sums: `physical` pool -> GPU-hours, `allocated`
+    (labels namespace/pool/resource, unit-hours), `used` (namespace, pool) -> busy GPU-hours."""
+    shares = r.resource_gpu_shares(fleet.pools)
+    tenants = _tenants(fleet)
+    pools = {p.name: p for p in fleet.pools}
+    rows: dict[tuple[str, str], Row] = {}
+    notes: list[str] = []
+    for labels, unit_hours in allocated:
+        pool, resource, namespace = labels.get("pool", ""), labels.get("resource", ""), labels.get("namespace", "")
+        if pool not in pools:
+            notes.append(f"pool {pool!r} is not in {fleet.environment}: its {unit_hours:.1f} unit-hours are left out")
+            continue
+        compute, memory = shares.get((pool, resource), (1.0, 1.0))
+        tenant = tenants.get(namespace, namespace)
+        p = pools[pool]
+        row = rows.setdefault((tenant, pool), Row(tenant, pool, pool_model(p), p.sharing, 0.0, None))
+        row.allocated_gpu_hours += unit_hours * compute
+        row.memory_gpu_hours += unit_hours * memory
+    for (tenant, pool), row in rows.items():
+        if row.sharing in MEASURED:
+            row.used_gpu_hours = sum(v for (ns, pl), v in used.items() if pl == pool and tenants.get(ns, ns) == tenant)
+    idle = []
+    for p in fleet.pools:
+        held = sum(row.allocated_gpu_hours for (_, pool), row in rows.items() if pool == p.name)
+        idle.append(Idle(p.name, pool_model(p), physical.get(p.name, 0.0) - held))
+    return sorted(rows.values(), key=lambda x: (x.tenant, x.pool)), idle, notes
+
+
+def price(rows: list[Row], idle: list[Idle], table: PriceTable) -> None:
+    """Cost of each row and idle line: GPU-hours times the model's hourly price (mixed-model pools: the first)."""
+    for row in rows:
+        row.cost = row.allocated_gpu_hours * table.price(row.model.split(", ")[0])
+    for line in idle:
+        line.cost = line.gpu_hours * table.price(line.model.split(", ")[0])
+
+
+def grouped(rows: list[Row], by: str) -> list[Row]:
+    """Rows summed by tenant, pool or model (for the table and the CSV; the JSON keeps every row)."""
+    if by not in GROUPINGS:
+        raise GpushareError(Problem(f"--by {by!r}", fix="use tenant, pool or model"), exit_code=2)
+    key: Callable[[Row], tuple[str, ...]] = {
+        "tenant": lambda x: (x.tenant, x.pool), "pool": lambda x: (x.pool,), "model": lambda x: (x.model,)}[by]
+    out: dict[tuple[str, ...], Row] = {}
+    for row in rows:
+        k = key(row)
+        if k not in out:
+            out[k] = Row("*" if by != "tenant" else row.tenant, row.pool if by != "model" else "*", row.model,
+                         row.sharing, 0.0, None if row.used_gpu_hours is None else 0.0,
+                         None if row.cost is None else 0.0)
+        acc = out[k]
+        acc.allocated_gpu_hours += row.allocated_gpu_hours
+        acc.memory_gpu_hours += row.memory_gpu_hours
+        if row.used_gpu_hours is not None:
+            acc.used_gpu_hours = (acc.used_gpu_hours or 0.0) + row.used_gpu_hours
+        if row.cost is not None:
+            acc.cost = (acc.cost or 0.0) + row.cost
+        if acc.sharing != row.sharing:
+            acc.sharing = "mixed"
+    return list(out.values())
+
+
+# ---------------------------------------------------------------- the whole run
+
+
+def _check_options(source: str, window: str, by: str) -> None:
+    if source not in SOURCES:
+        raise GpushareError(Problem(f"--source {source!r}", fix="use auto, recorded or raw"), exit_code=2)
+    if not re.fullmatch(r"[1-9][0-9]*[smhdw]", window):
+        raise GpushareError(Problem(f"--window {window!r} is not a Prometheus duration",
+                                    fix="use e.g. 30d, 36h or 90m"), exit_code=2)
+    if by not in GROUPINGS:
+        raise GpushareError(Problem(f"--by {by!r}", fix="use tenant, pool or model"), exit_code=2)
+
+
+def run_showback(env: str, prometheus: str, window: str = "30d", end: float | None = None,
+                 prices: Path | None = None, source: str = "auto", by: str = "tenant",
+                 outputs: tuple[tuple[Path | None, str], ...] = ()) -> ShowbackReport:
+    """Query Prometheus and split the window's physical GPU-hours between tenants and idle. `outputs` are
+    (path, option) pairs only checked here, before any work."""
+    _check_options(source, window, by)
+    prom = Prometheus(prometheus)
+    fleet = resolve_env(env)
+    for path, option in outputs:
+        if path is not None:
+            check_output_file(path, [fleet.source], option=option)
+    table = load_prices(prices or prices_path(), fleet.environment) \
+        if prices is not None or prices_path().is_file() else None
+    guardrails = load_guardrails()
+    step = guardrails.capacity.step
+    at = end if end is not None else time.time()
+    if source == "auto":
+        source = "recorded" if _recorded_coverage(prom, window, step, at) >= guardrails.capacity.min_coverage \
+            else "raw"
+    x = _queries(fleet, source)
+    physical = {labels.get("pool", ""): v for labels, v in _hours(prom, "physical GPUs", x["physical"], window,
+                                                                     step, at)}
+    allocated = _hours(prom, "allocation", x["allocated"], window, step, at)
+    used = {(labels.get("namespace", ""), labels.get("pool", "")): v
+            for labels, v in _hours(prom, "use", x["used"], window, step, at)}
+    rows, idle, notes = split(fleet, physical, allocated, used)
+    if table is not None:
+        price(rows, idle, table)
+    planned = sum(p.totals.physical_gpus for p in fleet.pools) * duration_seconds(window) / 3600
+    return ShowbackReport(fleet, window, at, source, sum(physical.get(p.name, 0.0) for p in fleet.pools), planned,
+                          rows, idle, table.currency if table else None, notes)

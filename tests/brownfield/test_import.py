@@ -1,0 +1,150 @@
+"""`gpushare import`: every fixture cluster imports to a workspace that validates and round-trips through
+`render` (same MIG layout and same advertised resources per node as the source), with nothing dropped silently."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpushare.cli.init import write_workspace
+from gpushare.core.resolve import resolve_env
+from gpushare.render.fleet import parse_device_plugin, parse_mig_parted, render_fleet
+from tests.brownfield.conftest import CLUSTERS, ENV, FIXTURES, cli
+
+Imported = Callable[[str], tuple[Path, dict[str, Any]]]
+# Nodes whose allocatable does not show what their labels ask for: planted drift, not a round-trip case.
+NOT_SETTLED = {"timeslicing-mig": {"a100-02"}, "not-taken-effect": {"l4-12"}}
+
+
+def source_nodes(name: str) -> dict[str, dict[str, Any]]:
+    items = yaml.safe_load((CLUSTERS / name / "nodes.yaml").read_text())["items"]
+    return {n["metadata"]["name"]: n for n in items if "nvidia.com/gpu.count" in n["metadata"]["labels"]}
+
+
+def source_mig_configs(name: str) -> dict[str, dict[str, dict[str, int]]]:
+    """The source's mig-parted configs, read by gpushare's own mig-parted parser (not the importer's)."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for cm in yaml.safe_load((CLUSTERS / name / "configmaps.yaml").read_text())["items"]:
+        if "config.yaml" in cm.get("data", {}):
+            out.update(parse_mig_parted(cm["data"]["config.yaml"]))
+    return out
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_import_round_trips_layouts_and_advertised_resources(imported: Imported, name: str) -> None:
+    workspace, out = imported(name)
+    code, valid = cli("validate", "--env", ENV)
+    assert code == 0, valid
+    fleet = resolve_env(ENV)
+    rendered = render_fleet(fleet)
+    rendered_mig = parse_mig_parted(rendered.files["mig-parted/config.yaml"])
+    mig_sources = source_mig_configs(name) if (CLUSTERS / name / "configmaps.yaml").exists() else {}
+    sources = source_nodes(name)
+    assert sorted(n.name for n in fleet.nodes) == sorted(sources)
+    for node in fleet.nodes:
+        src = sources[node.name]
+        labels = src["metadata"]["labels"]
+        wanted = mig_sources.get(labels.get("nvidia.com/mig.config", "all-disabled"), {}).get(node.gpu_model.name)
+        got = rendered_mig[node.mig_config].get(node.gpu_model.name) if node.mig_config else None
+        assert (got or None) == (wanted or None), node.name
+        assert node.address == src["status"]["addresses"][0]["address"]
+        content = parse_device_plugin(rendered.files[f"device-plugin/{node.device_plugin_config}.yaml"])
+        assert content["flags"]["migStrategy"] == fleet.clusters[ENV].mig_strategy
+        if node.name in NOT_SETTLED.get(name, set()):
+            continue
+        allocatable = {k: int(v) for k, v in src["status"]["allocatable"].items() if k.startswith("nvidia.com/")}
+        assert node.advertised == allocatable, node.name
+    # The mapping names each source config's profile and the content-named config gpushare renders for it.
+    for source, rendered_name in out["configs"].items():
+        label, config = source.split("=", 1)
+        assert out["mapping"][config] in rendered_name
+
+
+def test_import_json_contract_and_report(imported: Imported) -> None:
+    workspace, out = imported("timeslicing-mig")
+    assert set(out) == {"ok", "environment", "files", "mapping", "unsupported", "configs", "errors"}
+    assert out["ok"] is True and out["environment"] == ENV and out["errors"] == []
+    assert out["mapping"] == {"ts-4": "ts-4", "ts-2": "ts-2", "all-balanced": "all-balanced",
+                              "all-1g.10gb": "all-1g-10gb"}
+    assert sorted(out["files"]) == sorted([
+        f"environments/{ENV}.yaml", f"Pulumi.{ENV}.yaml", f"imports/{ENV}-report.yaml", "profiles/all-1g-10gb.yaml",
+        "profiles/all-balanced.yaml", "profiles/ts-2.yaml", "profiles/ts-4.yaml"])
+    assert {(u["object"], u["field"]) for u in out["unsupported"]} == {
+        ("Node/a100-02", "labels[nvidia.com/mig.config.state]"),
+        ("Node/a100-03", "labels[nvidia.com/mig.config.state]"),
+        ("device-plugin ConfigMap", "ts-8"),
+        *((f"Node/a100-0{i}", "nvswitch") for i in (1, 2, 3))}  # 8-GPU hosts: HGX or not, the cluster does not say
+    text = (workspace / "environments" / f"{ENV}.yaml").read_text()
+    assert "#   device-plugin ConfigMap ts-8: config no node uses" in text  # in comments too
+    env = yaml.safe_load(text)
+    pools = {p["name"]: p for p in env["pools"]}
+    assert [h["name"] for h in pools["l4-ts-4"]["hosts"]] == ["l4-01", "l4-02"]
+    assert pools["l4-ts-4"]["taints"] == [{"key": "dedicated", "value": "notebooks", "effect": "NoSchedule"}]
+    assert [h["name"] for h in pools["a100-sxm4-80gb-all-balanced"]["hosts"]] == ["a100-01", "a100-03"]
+    profile = yaml.safe_load((workspace / "profiles" / "ts-4.yaml").read_text())
+    assert profile["time_slicing"] == {"replicas": 4, "rename_by_default": True,
+                                       "fail_requests_greater_than_one": True}
+
+
+def test_import_tenants_from_quotas_and_kueue(imported: Imported) -> None:
+    workspace, out = imported("quotas-kueue")
+    env = yaml.safe_load((workspace / "environments" / f"{ENV}.yaml").read_text())
+    tenants = {t["name"]: t for t in env["tenants"]}
+    assert tenants["research"]["quota"] == {"nvidia.com/gpu": 8}  # Kueue's nominal quota, not the ResourceQuota's 12
+    assert tenants["research"]["borrowing_limit"] == {"nvidia.com/gpu": 4}
+    assert tenants["search"]["quota"] == {"nvidia.com/mig-1g.10gb": 8, "nvidia.com/mig-3g.40gb": 4}
+    assert {t["trust"] for t in tenants.values()} == {"untrusted"}
+    reported = {(u["object"], u["field"]) for u in out["unsupported"]}
+    assert ("ResourceQuota/search/gpu-quota", "spec.hard[requests.cpu]") in reported
+    assert ("PriorityClass/gpu-online", "value") in reported
+    assert ("ClusterQueue/research-cq", "spec.cohort") in reported
+    assert not any(u["object"] == "PriorityClass/system-cluster-critical" for u in out["unsupported"])
+
+
+def test_import_reuses_an_equal_workspace_profile(imported: Imported) -> None:
+    workspace, out = imported("default-operator")
+    assert "profiles/exclusive.yaml" not in out["files"]  # `gpushare init` ships an equal one
+    env = yaml.safe_load((workspace / "environments" / f"{ENV}.yaml").read_text())
+    assert [p["profile"] for p in env["pools"]] == ["exclusive"]
+
+
+def test_import_overwrites_nothing(imported: Imported) -> None:
+    workspace, _ = imported("timeslicing-mig")
+    before = {p: p.read_bytes() for p in workspace.rglob("*") if p.is_file()}
+    code, out = cli("import", "--from", str(CLUSTERS / "timeslicing-mig"), "--env", ENV, "--out", str(workspace))
+    assert code == 2 and "would overwrite" in out["errors"][0]
+    assert {p: p.read_bytes() for p in workspace.rglob("*") if p.is_file()} == before
+
+
+def test_import_needs_a_workspace_and_one_source(tmp_path: Path) -> None:
+    code, out = cli("import", "--from", str(CLUSTERS / "timeslicing-mig"), "--env", ENV, "--out", str(tmp_path))
+    assert code == 2 and "not a gpushare workspace" in out["errors"][0]
+    assert list(tmp_path.iterdir()) == []
+    code, out = cli("import", "--env", ENV, "--out", str(tmp_path))
+    assert code == 2 and "exactly one of --from and --kubeconfig" in out["errors"][0]
+    workspace = tmp_path / "ws"
+    write_workspace(workspace)
+    code, out = cli("import", "--from", str(CLUSTERS), "--env", ENV, "--out", str(workspace))
+    assert code == 2 and "holds no .yaml files" in out["errors"][0]
+    code, out = cli("import", "--from", str(CLUSTERS / "timeslicing-mig"), "--env", "Prod!", "--out", str(workspace))
+    assert code == 2 and "not a DNS label" in out["errors"][0]
+
+
+def test_nodes_gpushare_cannot_express_are_reported_not_dropped(tmp_path: Path) -> None:
+    from gpushare.ops.brownfield.cluster import read_dumps
+    from gpushare.ops.brownfield.importer import import_cluster
+
+    state = read_dumps(CLUSTERS / "not-taken-effect")
+    nodes = {n["metadata"]["name"]: n for n in state.of("Node")}
+    nodes["l4-11"]["spec"]["providerID"] = "gce://project/europe-west4-a/l4-11"
+    nodes["l4-12"]["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-Quadro-Nonexistent-SHARED"
+    result = import_cluster(state, ENV)
+    reported = {(u.object, u.field) for u in result.unsupported}
+    assert ("Node/l4-11", "spec.providerID") in reported
+    assert ("Node/l4-12", "labels[nvidia.com/gpu.product]") in reported
+    assert [n.name for n in result.nodes] == ["l4-11"]
+    assert "Node/l4-12 labels[nvidia.com/gpu.product]" in result.files[f"environments/{ENV}.yaml"]

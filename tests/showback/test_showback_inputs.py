@@ -1,0 +1,117 @@
+"""Showback without a Prometheus: the prices file (its errors name file, key and fix), the per-resource GPU shares
+for every sharing kind, the split and its invariant on inline sums, and bad options."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpushare.cli import app
+from gpushare.core.errors import GpushareError
+from gpushare.core.paths import package_data_path
+from gpushare.core.prices import load_prices
+from gpushare.core.resolve import resolve_env
+from gpushare.ops.showback import grouped, split
+from gpushare.render.monitoring.rules import resource_gpu_shares
+from tests.showback.scenarios import SHOWBACK_ENV
+
+WORKSPACE = Path(__file__).resolve().parents[1] / "fixtures"
+EXAMPLE = package_data_path("workspace", "policies", "prices.example.yaml")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def frozen_workspace_here() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GPUSHARE_ROOT", str(WORKSPACE))
+        yield
+
+
+def test_shipped_example_prices_load_with_overrides() -> None:
+    dev, prod = load_prices(EXAMPLE, "dev"), load_prices(EXAMPLE, "prod")
+    assert dev.currency == "USD"
+    assert dev.price("NVIDIA H100 80GB HBM3") == 2.5 and prod.price("NVIDIA H100 80GB HBM3") == 3.0
+    assert prod.price("NVIDIA L4") == 0.6
+
+
+@pytest.mark.parametrize(("text", "where", "said"), [
+    ("currency: EUR\nhourly: {NVIDIA H99: 1.0}\n", "hourly.NVIDIA H99", "not a GPU model"),
+    ("currency: euro\nhourly: {L4: 1.0}\n", "currency", "pattern"),
+    ("currency: EUR\nhourly: {L4: -1}\n", "hourly.L4", "greater than or equal"),
+    ("currency: EUR\nhourly: {L4: 1}\nprice: 3\n", "price", "unknown key"),
+    ("apiVersion: gpushare.io/v9\ncurrency: EUR\nhourly: {L4: 1}\n", "apiVersion", "unknown apiVersion"),
+    ("currency: EUR\nhourly: {L4: 1}\nenvironments: {dev: {hourly: {L5: 2}}}\n", "environments.dev.hourly.L5",
+     "not a GPU model"),
+])
+def test_bad_prices_file_is_a_located_error(tmp_path: Path, text: str, where: str, said: str) -> None:
+    path = tmp_path / "prices.yaml"
+    path.write_text(text)
+    with pytest.raises(GpushareError) as info:
+        load_prices(path, "dev")
+    problem = info.value.problems[0]
+    assert problem.file == str(path) and problem.path == where and said in problem.message, problem
+
+
+def test_missing_price_names_the_model_and_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "prices.yaml"
+    path.write_text("currency: EUR\nhourly: {L4: 1}\n")
+    with pytest.raises(GpushareError) as info:
+        load_prices(path, "dev").price("NVIDIA H200")
+    assert "NVIDIA H200" in str(info.value.problems[0]) and "hourly" in (info.value.problems[0].fix or "")
+
+
+def test_gpu_shares_per_sharing_kind() -> None:
+    shares = resource_gpu_shares(resolve_env(str(SHOWBACK_ENV)).pools)
+    assert shares[("whole-pool", "nvidia_com_gpu")] == (1.0, 1.0)
+    assert shares[("mig-pool", "nvidia_com_mig_3g_40gb")] == (round(3 / 7, 6), 0.5)  # compute 3/7, memory 4/8
+    assert shares[("mig-pool", "nvidia_com_mig_1g_10gb")] == (round(1 / 7, 6), 0.125)
+    assert shares[("ts-pool", "nvidia_com_gpu_shared")] == (0.25, 0.25)
+    assert shares[("mps-pool", "nvidia_com_gpu_shared")] == (0.25, 0.25)
+
+
+def test_gke_time_sharing_divides_the_gpu_by_its_clients() -> None:
+    pilot = resolve_env("pilot")
+    gke = resource_gpu_shares(pilot.pools)[("gke-l4-inference", "nvidia_com_gpu")]
+    assert gke == (0.5, 0.5)  # GKE's time-sharing, 2 clients a GPU
+
+
+def test_split_reconciles_and_keeps_unknown_namespaces_as_their_own_tenant() -> None:
+    fleet = resolve_env(str(SHOWBACK_ENV))
+    physical = {"whole-pool": 12.0, "mig-pool": 6.0, "ts-pool": 6.0, "mps-pool": 6.0}
+    allocated = [({"namespace": "research", "pool": "whole-pool", "resource": "nvidia_com_gpu"}, 6.0),
+                 ({"namespace": "stray", "pool": "ts-pool", "resource": "nvidia_com_gpu_shared"}, 12.0),
+                 ({"namespace": "search", "pool": "mig-pool", "resource": "nvidia_com_mig_3g_40gb"}, 6.0),
+                 ({"namespace": "x", "pool": "elsewhere", "resource": "nvidia_com_gpu"}, 1.0)]
+    rows, idle, notes = split(fleet, physical, allocated, {("research", "whole-pool"): 3.0})
+    assert {(r.tenant, r.pool): r.allocated_gpu_hours for r in rows} == {
+        ("research", "whole-pool"): 6.0, ("stray", "ts-pool"): 3.0, ("search", "mig-pool"): pytest.approx(6 * 3 / 7,
+                                                                                                            1e-5)}
+    total = sum(r.allocated_gpu_hours for r in rows) + sum(i.gpu_hours for i in idle)
+    assert total == pytest.approx(sum(physical.values()))
+    assert next(r for r in rows if r.tenant == "stray").used_gpu_hours is None  # time-sliced: allocation only
+    assert next(r for r in rows if r.tenant == "search").used_gpu_hours == 0.0  # measured, and nothing busy
+    assert notes and "elsewhere" in notes[0]
+    by_pool = {r.pool: r for r in grouped(rows, "pool")}
+    assert by_pool["ts-pool"].allocated_gpu_hours == 3.0
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--window", "30 days"], "--window"),
+    (["--by", "team"], "--by"),
+    (["--source", "cache"], "--source"),
+    (["--prometheus", "prometheus:9090"], "not an http(s) URL"),
+])
+def test_bad_options_are_clear_errors(args: list[str], said: str) -> None:
+    base = {"--env": "dev", "--prometheus": "http://127.0.0.1:9"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    result = CliRunner().invoke(app, ["showback", *[x for kv in base.items() for x in kv]], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_unreachable_prometheus_is_a_clear_error() -> None:
+    result = CliRunner().invoke(app, ["showback", "--env", "dev", "--prometheus", "http://127.0.0.1:9", "--json"])
+    assert result.exit_code == 2 and "cannot reach Prometheus" in result.output
