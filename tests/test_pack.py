@@ -376,3 +376,79 @@ def test_the_plan_check_catches_broken_plans() -> None:
     assert "not placed" not in problems and ("of its own" in problems or "exclusive unit holds" in problems)
     other.replicas.append(other.replicas[-1])
     assert "placed 2 times" in " ".join(check_plan(plan))
+
+
+# ---------------------------------------------------------------- issue 20: usable memory, driver branch, errors
+
+
+def test_an_80_gib_untrusted_replica_no_longer_fits_a_whole_h100() -> None:
+    with pytest.raises(GpushareError) as err:
+        pack(make({"memory_gib": 80, "compute": 0.5, "trust": "untrusted"}))
+    assert "CUDA context" in err.value.problems[0].message
+    # Without the context reserve it fits exactly, which is what the plan used to say.
+    assert pack(make({"memory_gib": 80, "compute": 0.5, "trust": "untrusted"}, context_reserve_gib=0)).gpus_used == 1
+
+
+def test_the_context_reserve_takes_room_on_a_shared_unit() -> None:
+    # Eight 10 GiB MPS clients filled one 80 GiB GPU; with 0.5 GiB of context each they need two.
+    eight = {"memory_gib": 10, "compute": 0.1, "replicas": 8, "kind": "online"}
+    assert pack(make(eight, gpus=[{"model": "NVIDIA L40S"}], context_reserve_gib=0)).gpus_used == 2
+    no_mig = [{"model": "NVIDIA H100 PCIe"}]
+    plan = pack(make({**eight, "memory_gib": 9.5}, gpus=no_mig, context_reserve_gib=0.5))
+    assert_rules(plan)
+    units = [u for g in plan.as_json()["gpus"] for u in g["units"]]
+    assert all(len(u["workloads"]) * 10.0 <= u["memory_gib"] + 1e-9 for u in units)
+
+
+def test_profiles_that_need_a_newer_driver_are_not_planned() -> None:
+    small = {"memory_gib": 8, "compute": 0.1, "replicas": 7, "trust": "untrusted"}
+    a100 = [{"model": "NVIDIA A100-SXM4-40GB"}]
+    new = pack(make(small, gpus=a100, driver_branch=580, context_reserve_gib=0))
+    old = pack(make(small, gpus=a100, driver_branch=470, context_reserve_gib=0))
+    used = {p for plan in (new,) for g in plan.as_json()["gpus"] for p in g["layout"]}
+    assert "1g.10gb" in used or new.gpus_used == 1
+    assert all("1g.10gb" not in g["layout"] for g in old.as_json()["gpus"])
+    assert any("R470" in note for note in old.problem.notes)
+
+
+def test_empty_demand_says_what_to_add(tmp_path: Path) -> None:
+    path = tmp_path / "d.yaml"
+    path.write_text("gpus:\n  - {model: NVIDIA L4}\nworkloads: []\n")
+    result = runner.invoke(app, ["pack", "--demand", str(path), "--json"])
+    problem = json.loads(result.stdout)["problems"][0]
+    assert result.exit_code == 1 and "no workloads" in problem["message"] and "add workloads" in problem["fix"]
+
+
+def test_proven_short_supply_does_not_ask_for_more_time() -> None:
+    demand = make({"memory_gib": 60, "compute": 0.9, "replicas": 3}, gpus=[{"model": H100, "count": 2}])
+    with pytest.raises(GpushareError) as err:
+        pack(demand)
+    problem = err.value.problems[0]
+    assert "proven" in problem.message and "time-limit" not in problem.fix and "raise the counts" in problem.fix
+
+
+def _plan_in_a_process(demand: Path, seed: str) -> bytes:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONHASHSEED": seed}
+    out = subprocess.run([sys.executable, "-m", "gpushare", "pack", "--demand", str(demand), "--json"],
+                         env=env, capture_output=True, check=True).stdout
+    doc = json.loads(out)
+    for key in ("seconds", "lp_seconds"):  # wall-clock readings, the only fields allowed to differ
+        doc["solve"].pop(key, None)
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+@pytest.mark.slow
+def test_the_same_demand_gives_the_same_plan_in_separate_processes(tmp_path: Path) -> None:
+    # Enough replica types that column generation, the knapsack search and the MIP all run.
+    workloads = [{"name": f"w{k}", "tenant": "t", "kind": ("batch", "online", "dev")[k % 3],
+                  "memory_gib": 2 + (k * 7919 % 37), "compute": round(0.03 + (k * 104729 % 40) / 100, 2),
+                  "replicas": 1 + k % 4, "trust": "untrusted" if k % 7 == 0 else "trusted"} for k in range(60)]
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump({"gpus": [{"model": H100}, {"model": "NVIDIA L4"}], "workloads": workloads}))
+    first = _plan_in_a_process(path, "1")
+    assert json.loads(first)["solve"]["cut_by_time_limit"] is False
+    assert first == _plan_in_a_process(path, "2")

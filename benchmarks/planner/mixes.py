@@ -35,7 +35,8 @@ def _batch(rng: random.Random, large: bool) -> dict[str, Any]:
         memory, compute = rng.uniform(30, 80), rng.uniform(0.5, 1.0)
     else:
         memory, compute = rng.uniform(6, 40), rng.uniform(0.1, 0.6)
-    return {"kind": "batch", "memory_gib": _round(memory, 1.0), "compute": _round(compute, 0.05),
+    # At most 79 GiB: with the default 0.5 GiB CUDA context reserve a replica still fits a whole 80 GiB GPU.
+    return {"kind": "batch", "memory_gib": _round(min(memory, 79.0), 1.0), "compute": _round(compute, 0.05),
             "replicas": rng.choice([1, 1, 2, 4])}
 
 

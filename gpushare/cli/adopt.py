@@ -159,8 +159,9 @@ def drift_command(
     context: ContextOption = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="Which of the environment's clusters the dumps "
                                                 "or the context show (needed where it has several).")] = None,
-    stuck_after: Annotated[float, typer.Option("--stuck-after", min=0, max=525_600, help="Minutes a MIG change may stay "
-                                               "pending or rebooting before it counts as drift.")] = 30.0,
+    stuck_after: Annotated[float, typer.Option(
+        "--stuck-after", min=0, max=525_600,  # a year: beyond it the threshold means "never"
+        help="Minutes a MIG change may stay pending or rebooting before it counts as drift.")] = 30.0,
     as_json: JsonOption = False,
 ) -> None:
     """Per node, Git against the cluster: gpushare's labels, MIG config and state, paused operands, device-plugin

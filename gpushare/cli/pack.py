@@ -24,10 +24,21 @@ def pack_command(
                      "(a model without =COUNT: as many as needed)."),
     ] = None,
     env_out: Annotated[
-        Path | None, typer.Option("--env-out", help="Write the planned pools and profiles as an environment section.")
+        Path | None, typer.Option("--env-out", help="Write the planned pools and profiles as an environment section "
+                                        "(with --fleet: the reviewed patch to the environment).")
+    ] = None,
+    fleet: Annotated[
+        str | None,
+        typer.Option("--fleet", help="Re-plan onto this environment's existing hosts with the fewest drains "
+                     "(its guardrails apply; the demand's gpus: say which models may be added)."),
+    ] = None,
+    max_changes: Annotated[
+        int | None, typer.Option("--max-changes", min=0, help="With --fleet: most GPUs reconfigured.")
     ] = None,
     time_limit: Annotated[
-        float, typer.Option("--time-limit", min=1.0, max=3600.0, help="Seconds the solver may use.")
+        float, typer.Option("--time-limit", min=1.0, max=3600.0,
+                            help="Guard in seconds; the solve ends by work limits, so a run that stays under it "
+                                 "is reproducible.")
     ] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
@@ -37,25 +48,31 @@ def pack_command(
     Exit 0 with a plan, 1 when the demand cannot be served or is invalid, 2 when a file cannot be read.
     """
     from gpushare.cli.common import fail
-    from gpushare.core.errors import GpushareError
+    from gpushare.core.errors import GpushareError, Problem
     from gpushare.core.files import check_output_file, write_file
     from gpushare.planner.demand import load_demand, parse_gpus_option
-    from gpushare.planner.pack import env_section_yaml, plan_demand
+    from gpushare.planner.pack import env_section_yaml, fleet_patch_yaml, plan_demand
 
     try:
         if env_out is not None:
             check_output_file(env_out, [demand], option="--env-out")
         spec, doc = load_demand(demand)
+        if max_changes is not None and fleet is None:
+            raise GpushareError(Problem("--max-changes limits a re-plan", fix="add --fleet ENV, or drop --max-changes"),
+                                exit_code=2)
         supply = parse_gpus_option(gpus) if gpus is not None else None
         if as_json:
-            plan = plan_demand(spec, doc, env=env, gpus=supply, time_limit=time_limit)
+            plan = plan_demand(spec, doc, env=env, gpus=supply, time_limit=time_limit, fleet=fleet,
+                               max_changes=max_changes)
         else:
             from rich.console import Console
 
             with Console(stderr=True).status("planning", spinner="dots") as status:
-                plan = plan_demand(spec, doc, env=env, gpus=supply, time_limit=time_limit,
-                                   progress=lambda text: status.update(text))
-        section = env_section_yaml(plan, str(demand)) if env_out is not None else None
+                plan = plan_demand(spec, doc, env=env, gpus=supply, time_limit=time_limit, fleet=fleet,
+                                   max_changes=max_changes, progress=lambda text: status.update(text))
+        section = None
+        if env_out is not None:
+            section = fleet_patch_yaml(plan, str(demand)) if fleet else env_section_yaml(plan, str(demand))
     except GpushareError as err:
         raise fail(err, as_json) from None
     if env_out is not None and section is not None:
@@ -105,9 +122,15 @@ def _print_plan(plan: PackPlan, env_out: Path | None) -> None:
         f" memory {util['memory']:.0%}; oversubscription {plan.oversubscription():.2f}"
         + (f" (limit {plan.problem.max_oversubscription:g})" if plan.problem.max_oversubscription else "")
         + f"; solved in {plan.seconds:.1f} s")
+    if plan.changes is not None:
+        c = plan.changes
+        console.print(f"changes: {c.gpus_reconfigured} GPUs reconfigured (proven lower bound {c.lower_bound}) on "
+                      f"{len(c.nodes_drained)} hosts to drain: {', '.join(c.nodes_drained) or 'none'}; "
+                      f"{c.gpus_added} GPUs added, {c.gpus_freed} left idle", soft_wrap=True)
     for note in plan.problem.notes:
         console.print(f"note: {note}", soft_wrap=True)
     for warning in plan.problem.warnings:
         console.print(f"[yellow]warning[/]: {warning}", soft_wrap=True)
     if env_out is not None:
-        console.print(f"pools and profiles written to {env_out}")
+        what = "the reviewed patch" if plan.changes is not None else "pools and profiles"
+        console.print(f"{what} written to {env_out}")

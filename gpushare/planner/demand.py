@@ -21,6 +21,10 @@ Latency = Literal["high", "medium", "low"]
 # Default latency sensitivity by kind: online services tolerate MPS (concurrent, partitioned) but not the
 # scheduling gaps of time-slicing; batch and development work tolerates both.
 DEFAULT_LATENCY: dict[str, Latency] = {"online": "medium", "batch": "low", "dev": "low"}
+# R580 is NVIDIA's current long-term support branch; without --env the plan assumes it (docs/pack.md).
+DEFAULT_DRIVER_BRANCH = 580
+# Memory each replica's CUDA context takes beside its own: an estimate, not an NVIDIA figure (docs/pack.md).
+DEFAULT_CONTEXT_RESERVE_GIB = 0.5
 
 
 class GpuSupply(Strict):
@@ -69,8 +73,26 @@ class Demand(Strict):
         8, ge=2, le=48,
         description="Most replicas on one time-sliced or MPS unit; with --env the guardrails may lower it.",
     )
+    driver_branch: int = Field(
+        DEFAULT_DRIVER_BRANCH, ge=450, le=999,
+        description="NVIDIA driver branch the fleet runs (580 for R580): MIG profiles that need a newer one are not "
+        "planned, and profile memory is the branch's. With --env the environment's defaults.driver_branch wins.",
+    )
+    context_reserve_gib: float = Field(
+        DEFAULT_CONTEXT_RESERVE_GIB, ge=0, le=16,
+        description="GPU memory one replica's CUDA context takes beside memory_gib; every replica is planned "
+        "with memory_gib plus this.",
+    )
     gpus: list[GpuSupply] = Field(default_factory=list, description="GPU models available (or give --gpus).")
-    workloads: list[Workload] = Field(min_length=1)
+    workloads: list[Workload] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _some_work(self) -> Demand:
+        if not self.workloads:
+            raise invalid("the demand lists no workloads, so there is nothing to plan",
+                          "add workloads: [{name, tenant, kind, memory_gib, compute, replicas}, ...] "
+                          "(examples/demand/inference.yaml shows one)")
+        return self
 
     @model_validator(mode="after")
     def _unique(self) -> Demand:

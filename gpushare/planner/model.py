@@ -213,6 +213,8 @@ class Limits:
     cluster: Any = None
     profiles: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # What existing nodes run (--fleet): (model name, kind, layout, replicas), planned even where not enumerated.
+    existing_configs: list[tuple[str, str, tuple[tuple[str, int], ...] | None, int]] = field(default_factory=list)
 
 
 class _Builder:
@@ -318,6 +320,8 @@ class _Builder:
                 if limits.mps_allowed and r <= MPS_MAX_REPLICAS:
                     candidates.append(("mps", None, r))
             candidates += self.mig_candidates(model)
+        candidates += [(kind, layout, replicas) for name, kind, layout, replicas in limits.existing_configs
+                       if name == model.name]
         for kind, layout, replicas in candidates:
             if not self.allowed(model, kind, layout, replicas):
                 continue
@@ -399,7 +403,9 @@ def build_problem(demand: Demand, supply: list[GpuSupply], limits: Limits, suppl
 
     untrusted = [w.trust == "untrusted" or w.tenant in limits.tenant_untrusted for w in demand.workloads]
     latency: list[str] = [w.latency_class for w in demand.workloads]
-    raw = [(w.memory_gib, w.compute, untrusted[i], latency[i]) for i, w in enumerate(demand.workloads)]
+    # Every replica is planned with its CUDA context's memory on top of its own.
+    reserve = demand.context_reserve_gib
+    raw = [(w.memory_gib + reserve, w.compute, untrusted[i], latency[i]) for i, w in enumerate(demand.workloads)]
     adm_workloads = _admissible(raw, units) if units else np.zeros((len(raw), 0), dtype=bool)
 
     problems = [workload_problem(i, _why_not(demand, i, untrusted[i], latency[i], builder))
@@ -417,9 +423,9 @@ def build_problem(demand: Demand, supply: list[GpuSupply], limits: Limits, suppl
         key = (row.tobytes(), (w.memory_gib, w.compute) if sliceable else None)
         item = groups.get(key)
         if item is None:
-            item = groups[key] = ItemType(len(groups), w.memory_gib, w.compute, 0, [], sliceable)
+            item = groups[key] = ItemType(len(groups), w.memory_gib + reserve, w.compute, 0, [], sliceable)
         item.demand += w.replicas
-        item.memory_gib = max(item.memory_gib, w.memory_gib)
+        item.memory_gib = max(item.memory_gib, w.memory_gib + reserve)
         item.compute = max(item.compute, w.compute)
         item.members.append((i, w.replicas))
     items = list(groups.values())
@@ -440,11 +446,13 @@ def build_problem(demand: Demand, supply: list[GpuSupply], limits: Limits, suppl
 
 def _why_not(demand: Demand, index: int, untrusted: bool, latency: str, builder: _Builder) -> str:
     w = demand.workloads[index]
+    need = w.memory_gib + demand.context_reserve_gib
+    needs = f"{w.memory_gib:g} GiB + {demand.context_reserve_gib:g} GiB CUDA context (context_reserve_gib)"
     if not builder.configs:
         return "no GPU configuration is available (no GPU model, or the environment allows no profile for them)"
     biggest = max(builder.units, key=lambda u: u.item_memory_gib)
-    if w.memory_gib > biggest.item_memory_gib + EPS:
-        return (f"needs {w.memory_gib:g} GiB per replica, more than any available GPU offers "
+    if need > biggest.item_memory_gib + EPS:
+        return (f"needs {needs} per replica, more than any available GPU offers "
                 f"({biggest.model.name}: {biggest.item_memory_gib:g} GiB)")
     own = [u for u in builder.units if u.sharing == "exclusive"]
     if untrusted or latency == "high":
@@ -452,12 +460,12 @@ def _why_not(demand: Demand, index: int, untrusted: bool, latency: str, builder:
         if not own:
             return (f"{why}, so it needs a MIG instance or a whole GPU of its own, and no available GPU model "
                     "and allowed profile offers one")
-        fitting = [u for u in own if w.memory_gib <= u.item_memory_gib + EPS]
+        fitting = [u for u in own if need <= u.item_memory_gib + EPS]
         if not fitting:
             best = max(own, key=lambda u: u.item_memory_gib)
             return (f"{why}, so it needs a MIG instance or a whole GPU of its own, and none has "
-                    f"{w.memory_gib:g} GiB (largest: {best.label} on {best.model.name}, {best.item_memory_gib:g} GiB)")
-    return (f"needs {w.memory_gib:g} GiB and {w.compute:g} of a GPU's compute per replica (latency: {latency}), "
+                    f"{needs} (largest: {best.label} on {best.model.name}, {best.item_memory_gib:g} GiB)")
+    return (f"needs {needs} and {w.compute:g} of a GPU's compute per replica (latency: {latency}), "
             "and no available unit offers both under the allowed sharing")
 
 

@@ -33,6 +33,7 @@ from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.mig import check_layout, layout_from_counts
 from gpushare.core.spec import Located
 from gpushare.planner.demand import Demand, GpuSupply, load_demand
+from gpushare.planner.fleet import FleetChanges, FleetHost, fleet_hosts, no_fleet_error, plan_fleet
 from gpushare.planner.model import EPS, GpuConfig, Limits, PackProblem, UnitKind, build_problem, with_replicas
 from gpushare.planner.solve import Infeasible, Progress, SolveResult, solve
 
@@ -66,6 +67,7 @@ class PackPlan:
     seconds: float
     stats: dict[str, Any]
     new_profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    changes: FleetChanges | None = None  # with --fleet
 
     # ------------------------------------------------------------ figures
 
@@ -189,6 +191,7 @@ class PackPlan:
             "gpus": self.gpu_documents(),
             "notes": self.problem.notes,
             "warnings": self.problem.warnings,
+            **({"changes": self.changes.as_json()} if self.changes is not None else {}),
         }
 
 
@@ -247,15 +250,23 @@ def environment_limits(env: str | None) -> Limits:
 
 def plan_demand(demand: Demand, doc: Located | None = None, *, env: str | None = None,
                 gpus: list[GpuSupply] | None = None, time_limit: float = 60.0,
-                progress: Progress | None = None) -> PackPlan:
+                progress: Progress | None = None, fleet: str | None = None,
+                max_changes: int | None = None) -> PackPlan:
     """The plan for a demand. `gpus` (from --gpus) replaces the demand's GPU list; a model it names keeps the
-    cost the demand file gives it."""
+    cost the demand file gives it. With `fleet` (an environment), the plan goes onto its existing hosts, and the
+    GPU list says which models may be added (see replan_supply)."""
+    if fleet is not None:
+        if env is not None and env != fleet:
+            raise GpushareError(Problem(f"--env {env} and --fleet {fleet} name different environments",
+                                        fix="--fleet plans within its own environment's guardrails: drop --env"),
+                                exit_code=2)
+        env = fleet
     supply = demand.gpus
     from_option = gpus is not None
     if gpus is not None:
         costs = {s.model: s.cost for s in demand.gpus}
         supply = [GpuSupply(model=s.model, count=s.count, cost=costs.get(s.model, s.cost)) for s in gpus]
-    if not supply:
+    if not supply and fleet is None:
         raise GpushareError(Problem("no GPU models to plan with", file=doc.file if doc else None, path="gpus",
                                     fix='list them under gpus: in the demand file, or pass --gpus "MODEL=COUNT,..."'))
 
@@ -285,28 +296,96 @@ def plan_demand(demand: Demand, doc: Located | None = None, *, env: str | None =
 
     start = time.monotonic()
     limits = environment_limits(env)
+    if env is None:
+        limits.driver_branch = demand.driver_branch
+        limits.notes.append(f"MIG profiles and their memory as driver branch R{demand.driver_branch} has them "
+                            "(the demand's driver_branch)")
+    elif limits.driver_branch != demand.driver_branch and "driver_branch" in demand.model_fields_set:
+        limits.notes.append(f"driver branch R{limits.driver_branch} from environment {limits.environment}, not the "
+                            f"demand's R{demand.driver_branch}")
+    hosts: list[FleetHost] = []
+    addable: dict[str, int | None] = {}
+    if fleet is not None:
+        from gpushare.core.resolve import resolve_env
+
+        resolved = resolve_env(fleet)
+        hosts = fleet_hosts(resolved, limits.driver_branch)
+        if not hosts:
+            raise no_fleet_error(fleet)
+        cloud = sorted({n.pool for n in resolved.nodes if n.managed_by != "ansible"})
+        if cloud:
+            limits.notes.append(f"cloud node pools are not re-planned: {', '.join(cloud)}")
+        limits.existing_configs = sorted({h.config for h in hosts if h.config is not None}, key=repr)
+        supply, addable = replan_supply(supply, hosts)
     problem = build_problem(demand, supply, limits, supply_problem, workload_problem)
-    # The solver's phases end within its limit; what is left covers this wrapper's checks and output.
+    # The solver's phases end by work limits; the time limit is only a guard (what is left covers the checks).
     budget = max(0.5, time_limit - (time.monotonic() - start) - 0.03 * time_limit)
+    changes = None
     try:
-        result = solve(problem, budget, progress)
-    except Infeasible as exc:
-        counts = ", ".join(f"{name}={s.count}" for name, s in problem.supply.items() if s.count is not None)
-        if exc.proven:
-            message = (f"the available GPUs ({counts}) cannot serve all {problem.total_replicas} workload "
-                       "replicas, even with every allowed way of sharing them")
+        if fleet is not None:
+            result, changes = plan_fleet(problem, hosts, addable, max_changes, budget)
         else:
-            message = (f"no plan within the available GPUs ({counts}) was found in {time_limit:g} s for "
-                       f"{problem.total_replicas} workload replicas")
-        raise GpushareError(Problem(
-            message, file=doc.file if doc and not from_option else None, path="--gpus" if from_option else "gpus",
-            fix="raise the counts, add a GPU model, leave a count out for as many as needed, or allow more time "
-                "(--time-limit)")) from None
-    plan = _plan(problem, result)
+            result = solve(problem, budget, progress)
+    except Infeasible as exc:
+        if fleet is not None:
+            raise _fleet_short(problem, exc, fleet, max_changes) from None
+        raise _short_supply(problem, exc, doc, from_option) from None
+    if result.stats.get("cut_by_time_limit"):
+        problem.warnings.append(f"the solve reached --time-limit ({time_limit:g} s) and was cut by time, so this "
+                                "plan may differ from run to run; raise --time-limit for a reproducible plan")
+    plan = _plan(problem, result, fewer_replicas=fleet is None)
+    plan.changes = changes
     violations = check_plan(plan)
     if violations:  # the solver and this check are independent; a disagreement is a bug, never a plan
         raise RuntimeError("gpushare pack produced a plan that breaks its rules: " + "; ".join(violations[:5]))
     return plan
+
+
+def replan_supply(supply: list[GpuSupply], hosts: list[FleetHost]) -> tuple[list[GpuSupply], dict[str, int | None]]:
+    """With --fleet: every model the fleet has, at its count plus what the demand's GPU list allows to add (a model
+    it lists without a count: as many as needed); models the list leaves out are not added to."""
+    from gpushare.core.catalog import load_catalog
+
+    catalog = load_catalog()
+    existing: dict[str, int] = {}
+    for h in hosts:
+        existing[h.model] = existing.get(h.model, 0) + h.gpus
+    out: list[GpuSupply] = []
+    addable: dict[str, int | None] = {}
+    for s in supply:
+        model = catalog.find(s.model)
+        name = model.name if model is not None else s.model
+        have = existing.pop(name, 0)
+        addable[name] = s.count
+        out.append(GpuSupply(model=s.model, count=None if s.count is None else have + s.count, cost=s.cost))
+    out += [GpuSupply(model=name, count=count, cost=1.0) for name, count in sorted(existing.items())]
+    return out, addable
+
+
+def _fleet_short(problem: PackProblem, exc: Infeasible, fleet: str, max_changes: int | None) -> GpushareError:
+    limit = f" with at most {max_changes} GPUs reconfigured" if max_changes is not None else ""
+    proven = "proven over every fill" if exc.proven else "none found by the planner"
+    return GpushareError(Problem(
+        f"the hosts of {fleet} cannot serve all {problem.total_replicas} workload replicas{limit}, and the demand's "
+        f"gpus: allow no more GPUs to fix that ({proven})",
+        fix="list the GPU models that may be added under gpus: in the demand file (no count: as many as needed)"
+            + (", or raise --max-changes" if max_changes is not None else "")))
+
+
+def _short_supply(problem: PackProblem, exc: Infeasible, doc: Located | None, from_option: bool) -> GpushareError:
+    counts = ", ".join(f"{name}={s.count}" for name, s in problem.supply.items() if s.count is not None)
+    where = "--gpus" if from_option else "gpus"
+    if exc.proven:
+        message = (f"the available GPUs ({counts}) cannot serve all {problem.total_replicas} workload replicas, "
+                   "even with every allowed way of sharing them (proven by the LP bound)")
+        fix = (f"raise the counts in {where}, add a GPU model, or leave a count out for as many as needed; "
+               "more time cannot help")
+    else:
+        message = (f"the planner found no plan within the available GPUs ({counts}) for {problem.total_replicas} "
+                   "workload replicas, and could not prove that none exists")
+        fix = (f"raise the counts in {where} or leave a count out; where the counts must stay, raise --time-limit "
+               "only if this run said it was cut by time")
+    return GpushareError(Problem(message, file=doc.file if doc and not from_option else None, path=where, fix=fix))
 
 
 def plan_file(path: Path, **options: Any) -> PackPlan:
@@ -314,7 +393,7 @@ def plan_file(path: Path, **options: Any) -> PackPlan:
     return plan_demand(demand, doc, **options)
 
 
-def _plan(problem: PackProblem, result: SolveResult) -> PackPlan:
+def _plan(problem: PackProblem, result: SolveResult, fewer_replicas: bool = True) -> PackPlan:
     # Each item type's replicas, handed out in workload order.
     queues: list[list[tuple[int, int]]] = []
     for item in problem.items:
@@ -338,7 +417,7 @@ def _plan(problem: PackProblem, result: SolveResult) -> PackPlan:
     lower = min(lower, result.objective)
     plan = PackPlan(problem, gpus, result.objective, lower, result.lp_value, result.proven_optimal,
                     result.converged, result.method, float(result.stats.get("seconds", 0.0)), result.stats)
-    if problem.restricted_profiles is False:
+    if problem.restricted_profiles is False and fewer_replicas:
         _fewer_replicas(plan)
     name_profiles(plan)
     return plan
@@ -402,7 +481,8 @@ def check_plan(plan: PackPlan) -> list[str]:
                     limit = min(limit, load_guardrails().max_shared_replicas(problem.environment, kind.memory_gib))
                 if kind.replicas > limit:
                     out.append(f"{where}: {kind.replicas} shared replicas, above the limit {limit}")
-            memory = sum(workloads[w].memory_gib for w, _ in unit.replicas)
+            reserve = demand.context_reserve_gib  # each replica's CUDA context
+            memory = sum(workloads[w].memory_gib + reserve for w, _ in unit.replicas)
             compute = sum(workloads[w].compute for w, _ in unit.replicas)
             for w, r in unit.replicas:
                 seen[(w, r)] += 1
@@ -412,7 +492,7 @@ def check_plan(plan: PackPlan) -> list[str]:
                     out.append(f"{where}: {wl.name} needs a unit of its own but shares by {kind.sharing}")
                 if problem.latency[w] == "medium" and kind.sharing == "time-slicing":
                     out.append(f"{where}: {wl.name} (latency medium) is time-sliced")
-                if wl.memory_gib > kind.item_memory_gib + EPS or wl.compute > kind.item_compute + EPS:
+                if wl.memory_gib + reserve > kind.item_memory_gib + EPS or wl.compute > kind.item_compute + EPS:
                     out.append(f"{where}: {wl.name} needs more than one replica's share")
             if kind.sharing == "exclusive" and len(unit.replicas) > 1:
                 out.append(f"{where}: an exclusive unit holds {len(unit.replicas)} replicas")
@@ -468,7 +548,7 @@ def _profile_document(config: GpuConfig, name: str) -> dict[str, Any]:
 
 def name_profiles(plan: PackPlan) -> None:
     """Each GPU's profile: an existing one that resolves to exactly its configuration, or a new `plan-*` one."""
-    taken = set(plan.problem.profiles)
+    taken = set(plan.problem.profiles) | set(plan.new_profiles)
     by_key: dict[tuple[Any, ...], str] = {}
     for gpu in plan.gpus:
         config = gpu.config
@@ -569,3 +649,60 @@ def env_section_yaml(plan: PackPlan, demand_file: str | None = None) -> str:
         "# (gpu_count per host follows the plan): replace them with the real hosts before `gpushare validate`.",
     ]
     return "\n".join(header) + "\n" + yaml.safe_dump(env_section(plan), sort_keys=False, width=120)
+
+
+# ---------------------------------------------------------------- the fleet patch (--fleet)
+
+
+def _profile_for(plan: PackPlan, config: GpuConfig) -> str:
+    """The sharing profile a re-planned host gets: the one the plan's GPUs of that configuration use, else an
+    existing one that resolves to it, else a new `plan-*` one."""
+    for gpu in plan.gpus:
+        if gpu.config.key == config.key:
+            return gpu.profile
+    if config.profile_name is not None:
+        return config.profile_name
+    probe = PlannedGpu(config, [])
+    extra = PackPlan(plan.problem, [probe], 0.0, 0.0, 0.0, False, False, "", 0.0, {})
+    extra.new_profiles = plan.new_profiles  # shared: the new profile is the plan's
+    name_profiles(extra)
+    return probe.profile
+
+
+def fleet_patch(plan: PackPlan) -> dict[str, Any]:
+    """The reviewed change to the environment file: hosts that get another profile (each a drain), new profiles,
+    and pools for GPUs added (placeholder hosts, as --env-out writes them)."""
+    changes = plan.changes
+    assert changes is not None
+    problem = plan.problem
+    hosts = [{"pool": host.pool, "host": host.name, "profile": _profile_for(plan, problem.configs[g]),
+              "was": host.profile, "gpus": host.gpus} for host, g in changes.moves]
+    patch: dict[str, Any] = {"hosts": hosts}
+    added: list[PlannedGpu] = []
+    for g, count in sorted(changes.added.items()):
+        config = problem.configs[g]
+        added += [PlannedGpu(config, [], _profile_for(plan, config)) for _ in range(count)]
+    used = {h["profile"] for h in hosts} | {gpu.profile for gpu in added}
+    profiles = [doc for name, doc in plan.new_profiles.items() if name in used]
+    if profiles:
+        patch["profiles"] = profiles
+    if added:
+        extra = PackPlan(problem, added, 0.0, 0.0, 0.0, False, False, "", 0.0, {})
+        patch["pools"] = env_section(extra)["pools"]
+    return patch
+
+
+def fleet_patch_yaml(plan: PackPlan, demand_file: str | None = None) -> str:
+    import yaml
+
+    changes = plan.changes
+    assert changes is not None
+    env = plan.problem.environment
+    header = [
+        f"# Re-planned by `gpushare pack --fleet {env}`{f' from {demand_file}' if demand_file else ''}: "
+        f"{changes.gpus_reconfigured} GPUs reconfigured on {len(changes.nodes_drained)} hosts (each drained), "
+        f"{changes.gpus_added} added, {changes.gpus_freed} left idle.",
+        f"# Review, then apply to environments/{env}.yaml: set each listed host's profile (add `profile:` to the "
+        "host), add the profiles, and merge the pools (their hosts are placeholders).",
+    ]
+    return "\n".join(header) + "\n" + yaml.safe_dump(fleet_patch(plan), sort_keys=False, width=120)

@@ -46,10 +46,14 @@ EMPTY_TRIES = 200  # failed attempts in a row that end a pass of the local searc
 SEARCH_NODES = 20_000  # a knapsack enumeration longer than this goes to a HiGHS MIP
 # Pricing for the bound proves fill values to this relative precision; the bound gives up at most as much.
 PRICING_GAP = 1e-3
-MIP_SECONDS = 0.5  # for one such knapsack MIP; its dual bound counts even when it stops early
-# Phases end at these shares of the time limit: compact LP, column generation, integer plans, local search;
-# the rest is left for assembling and checking the plan.
-COMPACT_SHARE, CG_SHARE, MIP_SHARE, SEARCH_SHARE = 0.45, 0.62, 0.78, 0.92
+# Work limits instead of time limits, so that the same input gives the same plan on every run (HiGHS has no
+# work limit of its own: one thread, a fixed seed, and node and leaf limits are counted the same every time).
+SEED = 20  # HiGHS random_seed
+KNAPSACK_NODES = 500  # branch-and-bound nodes for one knapsack MIP; its dual bound counts even when it stops early
+COVER_NODES = 1000  # for covering the units a set of fills needs with GPUs
+MIP_NODES = 500  # for the MIP over the generated columns
+CG_ROUNDS = 120  # rounds of column generation before the bound is certified from the last duals
+COMPACT_NODES = 200  # for the compact LP with whole GPU counts (objective: cost), whose dual bound counts
 
 
 @dataclass(frozen=True)
@@ -106,9 +110,10 @@ class Infeasible(Exception):
 _QUIET = False
 
 
-def highs(time_limit: float | None = None) -> Any:
-    """A silent HiGHS instance. The first construction prints a banner on the C-level stdout, which would
-    spoil `--json` output, so that one happens with file descriptor 1 pointed at /dev/null."""
+def highs(nodes: int | None = None) -> Any:
+    """A silent, deterministic HiGHS instance (one thread, a fixed seed, a node and leaf limit for MIPs). The first
+    construction prints a banner on the C-level stdout, which would spoil `--json` output, so that one happens with
+    file descriptor 1 pointed at /dev/null."""
     global _QUIET
     import highspy
 
@@ -127,23 +132,39 @@ def highs(time_limit: float | None = None) -> Any:
     else:
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("threads", 1)  # small models, two shared cores: parallel starts cost more than they give
-    if time_limit is not None:
-        h.setOptionValue("time_limit", float(max(0.05, time_limit)))
+    h.setOptionValue("threads", 1)  # parallel HiGHS is not reproducible run to run
+    h.setOptionValue("random_seed", SEED)
+    if nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(nodes))
+        h.setOptionValue("mip_max_leaves", int(nodes))
     return h
 
 
 class Clock:
+    """A wall-clock guard only: phases end by work limits, so a run that never reaches the guard is reproducible;
+    one that does is cut by time and says so (`cut`)."""
+
     def __init__(self, limit: float) -> None:
         self.start = time.monotonic()
         self.limit = limit
+        self.cut = False
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
-    def left(self, share: float = 1.0) -> float:
-        """Seconds left before `share` of the whole limit is used."""
-        return self.limit * share - self.elapsed()
+    def expired(self) -> bool:
+        if self.elapsed() >= self.limit:
+            self.cut = True
+        return self.cut
+
+    def run(self, h: Any) -> None:
+        """Run HiGHS under what is left of the guard, noting whether the guard cut it."""
+        h.setOptionValue("time_limit", float(max(0.05, self.limit - self.elapsed())))
+        import highspy
+
+        h.run()
+        if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
+            self.cut = True
 
 
 # ---------------------------------------------------------------- data as arrays
@@ -338,12 +359,12 @@ def _greedy_knapsack(data: Data, unit: UnitKind, pi: np.ndarray, candidates: np.
 
 
 def _exact_knapsack(data: Data, unit: UnitKind, pi: np.ndarray, candidates: np.ndarray, floor: float,
-                    time_limit: float) -> tuple[float | None, list[tuple[int, int]] | None]:
+                    clock: Clock) -> tuple[float | None, list[tuple[int, int]] | None]:
     """A time-sliced unit's best fill as a HiGHS MIP, looking only for fills worth more than `floor`:
     (an upper bound on the best value, or None when the MIP proved none; the best fill found)."""
     import highspy
 
-    h = highs(time_limit)
+    h = highs(KNAPSACK_NODES)
     h.setOptionValue("mip_rel_gap", PRICING_GAP)
     h.setOptionValue("objective_bound", -(floor + TOL))  # a cutoff: prune what cannot beat the floor
     k = len(candidates)
@@ -355,7 +376,7 @@ def _exact_knapsack(data: Data, unit: UnitKind, pi: np.ndarray, candidates: np.n
     index = np.tile(np.arange(k, dtype=np.int32), 3)
     h.addRows(3, np.full(3, -highspy.kHighsInf), np.array([unit.memory_gib, unit.sum_compute, unit.replicas]),
               3 * k, np.array([0, k, 2 * k], dtype=np.int32), index, coefficients)
-    h.run()
+    clock.run(h)
     status = h.modelStatusToString(h.getModelStatus())
     info = h.getInfo()
     fill = None
@@ -556,7 +577,7 @@ class Pricer:
             columns += self._columns(group, fills, pi, theta)
             for u in group:
                 group_of[u] = k
-        while clock.left(CG_SHARE + 0.05) > 0 and (full or not columns):
+        while not clock.expired() and (full or not columns):
             excess: dict[int, float] = {}
             values = _dual_values(data, np.maximum(theta, upper), mu, sigma)
             for g in np.flatnonzero(values > data.config_cost + TOL):
@@ -574,8 +595,7 @@ class Pricer:
             complete, bound, fill = _search_knapsack(data, unit, pi, reduced, floor, SEARCH_NODES)
             if not complete and not fill:
                 self.mip_calls += 1
-                mip_bound, mip_fill = _exact_knapsack(data, unit, pi, reduced, floor,
-                                                      max(0.1, min(MIP_SECONDS, clock.left(CG_SHARE) / 2)))
+                mip_bound, mip_fill = _exact_knapsack(data, unit, pi, reduced, floor, clock)
                 bound = floor * (1.0 + PRICING_GAP) + TOL if mip_bound is None else mip_bound
                 fill = mip_fill or []
             upper[group] = np.minimum(upper[group], bound)
@@ -638,18 +658,10 @@ class Compact:
     assignment: dict[tuple[int, int], float]  # (item type, unit kind) -> replicas, fractional
 
 
-def compact_bound(data: Data, time_limit: float) -> Compact:
-    """A second lower bound, from one LP that scales to thousands of replica types: the configurations as in
-    the master LP, but replicas assigned to unit kinds in aggregate. Exclusive and MPS units are exact this way
-    (one replica, or `replicas` admissible ones); a time-sliced kind's units hold in total at most their memory,
-    their compute and their replica slots, and, for every k below `replicas`, at most k replicas each of those
-    larger than 1/(k+1) of the unit's memory (or compute). Every plan satisfies all of it."""
-    import highspy
-
-    h = highs(time_limit)
-    rows = Rows(data)
-    n, units = data.n, len(data.units)
-    extra: list[tuple[int, str, float, float]] = []  # (unit kind, dimension, threshold or -1 for sums, per unit)
+def size_rows(data: Data) -> list[tuple[int, str, float, float]]:
+    """The compact LP's rows per time-sliced unit kind: (unit kind, dimension, threshold or -1 for the sum, what one
+    unit holds): the sums of memory and compute, and "at most k replicas larger than 1/(k+1) of it"."""
+    extra: list[tuple[int, str, float, float]] = []
     for unit in data.units:
         if unit.sharing != "time-slicing":
             continue
@@ -664,12 +676,46 @@ def compact_bound(data: Data, time_limit: float) -> Compact:
                 if big and big != previous:
                     extra.append((unit.index, dimension, capacity / (k + 1), float(k)))
                 previous = big
+    return extra
+
+
+def unit_slots(data: Data) -> np.ndarray:
+    """Replicas one unit of each kind takes: one when exclusive, `replicas` otherwise."""
+    return np.array([1.0 if u.sharing == "exclusive" else float(u.replicas) for u in data.units])
+
+
+def size_entries(data: Data, i: int, extra: list[tuple[int, str, float, float]], rows: Any, row0: int
+                 ) -> list[tuple[int, float]]:
+    """One replica of type i in the size rows `rows` (indices into `extra`, which start at row `row0`)."""
+    entries = []
+    for k in rows:
+        _, dimension, threshold, _ = extra[k]
+        size = float(data.memory[i] if dimension == "memory" else data.compute[i])
+        if threshold < 0:
+            entries.append((row0 + k, -size))
+        elif size > threshold + EPS:
+            entries.append((row0 + k, -1.0))
+    return entries
+
+
+def compact_bound(data: Data, clock: Clock) -> Compact:
+    """A second lower bound, from one LP that scales to thousands of replica types: the configurations as in
+    the master LP, but replicas assigned to unit kinds in aggregate. Exclusive and MPS units are exact this way
+    (one replica, or `replicas` admissible ones); a time-sliced kind's units hold in total at most their memory,
+    their compute and their replica slots, and, for every k below `replicas`, at most k replicas each of those
+    larger than 1/(k+1) of the unit's memory (or compute). Every plan satisfies all of it."""
+    import highspy
+
+    h = highs()
+    rows = Rows(data)
+    n, units = data.n, len(data.units)
+    extra = size_rows(data)
     count = rows.count + len(extra)
     lower = np.concatenate([rows.lower, np.zeros(len(extra))])
     h.addRows(count, lower, np.full(count, highspy.kHighsInf), 0, np.zeros(1, dtype=np.int32),
               np.zeros(0, dtype=np.int32), np.zeros(0))
     # Unit rows read "slots provided - replicas placed >= 0": one slot per exclusive unit, `replicas` otherwise.
-    slots = np.array([1.0 if u.sharing == "exclusive" else float(u.replicas) for u in data.units])
+    slots = unit_slots(data)
     by_unit: dict[int, list[int]] = {}
     for k, (u, *_rest) in enumerate(extra):
         by_unit.setdefault(u, []).append(k)
@@ -688,23 +734,34 @@ def compact_bound(data: Data, time_limit: float) -> Compact:
         for u in map(int, data.item_kinds[i]):
             pairs.append((i, u))
             entries = [(i, 1.0), (rows.unit_row0 + u, -1.0)]
-            for k in by_unit.get(u, ()):
-                _, dimension, threshold, _ = extra[k]
-                size = float(data.memory[i] if dimension == "memory" else data.compute[i])
-                if threshold < 0:
-                    entries.append((rows.count + k, -size))
-                elif size > threshold + EPS:
-                    entries.append((rows.count + k, -1.0))
+            entries += size_entries(data, i, extra, by_unit.get(u, ()), rows.count)
             columns.append((0.0, entries))
     add_columns(h, columns)
-    h.run()
+    clock.run(h)
     if h.modelStatusToString(h.getModelStatus()) != "Optimal":
         return Compact(0.0, {})
     value = float(h.getInfo().objective_function_value)
     x = h.getSolution().col_value
     first = len(data.configs)
     assignment = {pair: float(x[first + k]) for k, pair in enumerate(pairs) if x[first + k] > 1e-9}
+    if data.problem.demand.objective == "cost":
+        value = max(value, _whole_gpus_bound(h, len(data.configs), clock))
     return Compact(value - 1e-6 * max(1.0, abs(value)), assignment)
+
+
+def _whole_gpus_bound(h: Any, configs: int, clock: Clock) -> float:
+    """The compact LP with whole GPUs per configuration (replicas still fractional): its MIP dual bound is a lower
+    bound that the integer rounding per model and what the supply forces raise above the LP's. With costs, whole
+    GPU counts are what an LP bound misses (an L4 mix: LP 12.42 where whole GPUs force 12.6)."""
+    import highspy
+
+    h.changeColsIntegrality(configs, np.arange(configs, dtype=np.int32),
+                            np.full(configs, highspy.HighsVarType.kInteger))
+    h.setOptionValue("mip_max_nodes", COMPACT_NODES)
+    h.setOptionValue("mip_max_leaves", COMPACT_NODES)
+    clock.run(h)
+    bound = float(h.getInfo().mip_dual_bound)
+    return bound if math.isfinite(bound) else -math.inf
 
 
 def pack_kinds(data: Data, wanted: dict[int, dict[int, int]]) -> list[Fill]:
@@ -745,7 +802,7 @@ def pack_kinds(data: Data, wanted: dict[int, dict[int, int]]) -> list[Fill]:
     return fills
 
 
-def compact_plan(data: Data, compact: Compact, time_limit: float) -> IntSolution | None:
+def compact_plan(data: Data, compact: Compact, clock: Clock) -> IntSolution | None:
     """The compact LP's assignment rounded per replica type (largest remainders), packed per unit kind, and
     the units covered by configurations."""
     by_item: dict[int, list[tuple[int, float]]] = {}
@@ -763,15 +820,15 @@ def compact_plan(data: Data, compact: Compact, time_limit: float) -> IntSolution
         for u, c in counts.items():
             if c:
                 wanted.setdefault(u, {})[i] = c
-    return settle(data, pack_kinds(data, wanted), time_limit)
+    return settle(data, pack_kinds(data, wanted), clock)
 
 
 # ---------------------------------------------------------------- integer plans
 
 
-def _int_model(data: Data, fills: list[Fill], time_limit: float, start: IntSolution | None) -> Any:
+def _int_model(data: Data, fills: list[Fill], start: IntSolution | None) -> Any:
     rows = Rows(data)
-    h = highs(time_limit)
+    h = highs(MIP_NODES)
     rows.add_to(h)
     columns = [(g.cost, rows.config(g)) for g in data.configs] + [(0.0, rows.fill(f)) for f in fills]
     add_columns(h, columns, integer=True)
@@ -789,11 +846,11 @@ def _int_model(data: Data, fills: list[Fill], time_limit: float, start: IntSolut
     return h
 
 
-def solve_mip(data: Data, fills: list[Fill], time_limit: float, start: IntSolution | None
+def solve_mip(data: Data, fills: list[Fill], clock: Clock, start: IntSolution | None
               ) -> tuple[IntSolution | None, bool, float]:
     """Best plan over the given fills: (plan, proven optimal over them, the MIP's dual bound)."""
-    h = _int_model(data, fills, time_limit, start)
-    h.run()
+    h = _int_model(data, fills, start)
+    clock.run(h)
     info = h.getInfo()
     status = h.modelStatusToString(h.getModelStatus())
     if info.primal_solution_status != 2:
@@ -806,12 +863,12 @@ def solve_mip(data: Data, fills: list[Fill], time_limit: float, start: IntSoluti
     return IntSolution(configs, chosen, objective), status == "Optimal", float(info.mip_dual_bound)
 
 
-def cover_units(data: Data, need: dict[int, int], time_limit: float) -> tuple[dict[int, int], dict[int, int]] | None:
+def cover_units(data: Data, need: dict[int, int], clock: Clock) -> tuple[dict[int, int], dict[int, int]] | None:
     """Fewest (cheapest) GPUs whose configurations provide the units needed, within availability and the
     oversubscription limit: the integer program above with the fills fixed. Units it cannot provide (GPUs in
     short supply) are returned as a shortfall per kind instead of failing."""
     rows = Rows(data)
-    h = highs(time_limit)
+    h = highs(COVER_NODES)
     lower = rows.lower.copy()
     lower[:data.n] = 0.0
     lower[rows.unit_row0:rows.unit_row0 + len(data.units)] = [float(need.get(u, 0)) for u in range(len(data.units))]
@@ -823,7 +880,7 @@ def cover_units(data: Data, need: dict[int, int], time_limit: float) -> tuple[di
     add_columns(h, [(penalty, [(rows.unit_row0 + u, 1.0)]) for u in short_kinds], integer=True)
     if data.problem.demand.objective == "gpus":
         h.setOptionValue("mip_abs_gap", 1.0 - 1e-6)
-    h.run()
+    clock.run(h)
     if h.getInfo().primal_solution_status != 2:
         return None
     values = h.getSolution().col_value
@@ -833,7 +890,7 @@ def cover_units(data: Data, need: dict[int, int], time_limit: float) -> tuple[di
     return configs, short
 
 
-def settle(data: Data, fills: list[Fill], time_limit: float) -> IntSolution | None:
+def settle(data: Data, fills: list[Fill], clock: Clock) -> IntSolution | None:
     """Configurations for the units these fills need; where GPUs in short supply cannot provide them, the
     replicas of the emptiest such units are packed again on other GPU models."""
     placed = np.zeros(data.n, dtype=np.int64)
@@ -846,7 +903,7 @@ def settle(data: Data, fills: list[Fill], time_limit: float) -> IntSolution | No
         need: dict[int, int] = {}
         for f in fills:
             need[f.unit] = need.get(f.unit, 0) + 1
-        covered = cover_units(data, need, time_limit)
+        covered = cover_units(data, need, clock)
         if covered is None:
             return None
         configs, short = covered
@@ -899,7 +956,7 @@ def _share(data: Data, unit: UnitKind, i: int) -> float:
                              1.0 / unit.replicas))
 
 
-def round_lp(data: Data, fills: list[Fill], y: np.ndarray, time_limit: float) -> IntSolution | None:
+def round_lp(data: Data, fills: list[Fill], y: np.ndarray, clock: Clock) -> IntSolution | None:
     """LP-guided rounding: whole fills first, then the fractional ones trimmed to what is left, then FFD."""
     residual = {i: int(d) for i, d in enumerate(data.demand)}
     chosen: list[Fill] = []
@@ -922,7 +979,7 @@ def round_lp(data: Data, fills: list[Fill], y: np.ndarray, time_limit: float) ->
     leftover = {i: r for i, r in residual.items() if r > 0}
     if leftover:
         _pack_leftovers(data, leftover, chosen)
-    return settle(data, chosen, time_limit)
+    return settle(data, chosen, clock)
 
 
 # ---------------------------------------------------------------- concrete GPUs and the local search
@@ -992,7 +1049,7 @@ def _unplace(data: Data, slot: Slot, i: int) -> None:
     slot.compute -= data.compute[i]
 
 
-def empty_gpus(data: Data, gpus: list[Gpu], clock: Clock, share: float) -> list[Gpu]:
+def empty_gpus(data: Data, gpus: list[Gpu], clock: Clock) -> list[Gpu]:
     """Local search: move every replica of a lightly used GPU onto free room elsewhere (best fit), and drop that
     GPU. Lightest GPUs first; a pass ends after EMPTY_TRIES failures in a row, the search when a pass empties none."""
     margin = _over_margin(data, gpus)
@@ -1013,7 +1070,7 @@ def empty_gpus(data: Data, gpus: list[Gpu], clock: Clock, share: float) -> list[
     gpus = keep
     smallest = float(data.memory.min()) if data.n else 0.0
     improved = True
-    while improved and clock.left(share) > 0:
+    while improved and not clock.expired():
         improved = False
         room: dict[int, list[tuple[int, Slot]]] = {}
         for k, gpu in enumerate(gpus):
@@ -1025,7 +1082,7 @@ def empty_gpus(data: Data, gpus: list[Gpu], clock: Clock, share: float) -> list[
         removed: set[int] = set()
         failures = 0
         for k in sorted(range(len(gpus)), key=lambda k: (load[k], -data.configs[gpus[k].config].cost)):
-            if clock.left(share) <= 0 or failures >= EMPTY_TRIES:
+            if failures >= EMPTY_TRIES or clock.expired():
                 break
             gpu = gpus[k]
             if not drop_ok(gpu):
@@ -1079,15 +1136,15 @@ def solve(problem: PackProblem, time_limit: float, progress: Progress | None = N
     stats: dict[str, Any] = {"item_types": data.n, "unit_kinds": len(data.units), "configurations": len(data.configs)}
 
     say("LP bound: compact relaxation")
-    compact = compact_bound(data, max(0.5, clock.left(COMPACT_SHARE)))
+    compact = compact_bound(data, clock)
     stats["compact_bound"] = round(compact.bound, 4)
     say("integer plan: rounding the compact relaxation")
-    from_compact = compact_plan(data, compact, max(0.2, clock.left(COMPACT_SHARE + 0.05)))
+    from_compact = compact_plan(data, compact, clock)
     stats["compact_plan"] = from_compact.objective if from_compact else None
     if from_compact is not None and _meets(data, from_compact.objective, compact.bound):
         # Already as good as the bound says any plan can be: nothing left to search for.
-        gpus = empty_gpus(data, realise(data, from_compact), clock, SEARCH_SHARE)
-        stats["seconds"] = round(clock.elapsed(), 3)
+        gpus = empty_gpus(data, realise(data, from_compact), clock)
+        stats.update(seconds=round(clock.elapsed(), 3), cut_by_time_limit=clock.cut)
         return SolveResult(gpus, objective_of(data, gpus), compact.bound, compact.bound, False, False,
                            "compact-rounding", stats)
 
@@ -1109,7 +1166,7 @@ def solve(problem: PackProblem, time_limit: float, progress: Progress | None = N
     while True:
         rounds += 1
         pi, theta, _, _ = master.split_duals(duals)
-        out_of_time = clock.left(CG_SHARE) <= 0
+        out_of_time = rounds > CG_ROUNDS or clock.expired()
         columns = pricer.price(pi, theta)
         if not columns or out_of_time:
             # Nothing found greedily (or no time left): certify, which also gives the bound for these duals.
@@ -1131,15 +1188,15 @@ def solve(problem: PackProblem, time_limit: float, progress: Progress | None = N
         raise Infeasible(proven=True)
 
     say("integer plan: rounding the LP")
-    best = round_lp(data, master.fills, x[master.fill0:], max(0.2, clock.left(CG_SHARE + 0.05)))
+    best = round_lp(data, master.fills, x[master.fill0:], clock)
     method = "lp-rounding"
     proven = False
     fills = list(master.fills)
     if best is not None:
         fills += [f for f in best.fills if f not in master.fill_col]
-    if clock.left(MIP_SHARE) > 0 and data.n <= MIP_TYPES and len(fills) <= MIP_COLUMNS:
+    if not clock.expired() and data.n <= MIP_TYPES and len(fills) <= MIP_COLUMNS:
         say("integer plan: HiGHS MIP over the generated columns")
-        found, optimal, _ = solve_mip(data, fills, clock.left(MIP_SHARE), best)
+        found, optimal, _ = solve_mip(data, fills, clock, best)
         if found is not None and (best is None or found.objective < best.objective - 1e-9):
             best, method = found, "mip"
         # Over every fill there is, the MIP's optimum is the plan's.
@@ -1149,12 +1206,12 @@ def solve(problem: PackProblem, time_limit: float, progress: Progress | None = N
     if best is None:
         raise Infeasible(proven=False)
     say("integer plan: emptying lightly used GPUs")
-    gpus = empty_gpus(data, realise(data, best), clock, SEARCH_SHARE)
+    gpus = empty_gpus(data, realise(data, best), clock)
     objective = objective_of(data, gpus)
     bounds = [compact.bound] + [max(farley_bound(data, master, d, u), lagrangian_bound(data, master, d, u, objective))
                                 for d, u in priced]
     lower = max(bounds)
-    stats["seconds"] = round(clock.elapsed(), 3)
+    stats.update(seconds=round(clock.elapsed(), 3), cut_by_time_limit=clock.cut)
     return SolveResult(gpus, objective, lower, lp_value, converged, proven, method, stats)
 
 

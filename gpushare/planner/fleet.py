@@ -1,0 +1,395 @@
+"""`gpushare pack --fleet ENV`: plan onto an environment's existing hosts and GPUs with the fewest disruptive
+changes (docs/pack.md, "Re-planning a fleet").
+
+A host's GPUs share its sharing profile (spec.Host.profile overrides the pool's), so a change is a host moved to
+another configuration: it is drained, and all its GPUs are reconfigured. Hosts of one GPU model, one current
+configuration and one GPU count are interchangeable, so the model counts them per class. Three MIPs in order
+(each keeps the previous optimum as a limit): fewest GPUs added, fewest GPUs reconfigured, fewest GPUs (or least
+cost) in use. Fill columns are every fill where there are few enough (the MIP's dual bound on changes is then
+proven), else those of a from-nothing plan and a first-fit packing of every replica type on every unit kind the
+fleet has, and the bound on changes comes from the same model over the compact relaxation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.planner.model import PackProblem, profile_config
+from gpushare.planner.solve import (
+    ENUMERATION_LIMIT,
+    ENUMERATION_TYPES,
+    Clock,
+    Data,
+    Fill,
+    Infeasible,
+    IntSolution,
+    SolveResult,
+    add_columns,
+    compact_bound,
+    enumerate_fills,
+    highs,
+    pack_kinds,
+    realise,
+    size_entries,
+    size_rows,
+    solve,
+    unit_slots,
+)
+
+# Nodes (and leaves) per stage MIP: the stages start from the previous stage's plan, and past the root few nodes
+# improve it while every node over thousands of fill columns costs.
+FLEET_NODES = 50
+BOUND_NODES = 500  # for the bound on changes over the compact relaxation: its dual bound is what is reported
+ConfigKey = tuple[str, str, tuple[tuple[str, int], ...] | None, int]
+
+
+@dataclass(frozen=True)
+class FleetHost:
+    name: str
+    pool: str
+    model: str
+    gpus: int
+    profile: str
+    config: ConfigKey | None  # what its profile makes of its GPUs; None where the planner cannot express it
+
+
+@dataclass
+class HostClass:
+    model: str
+    config: int | None  # index into problem.configs
+    gpus: int
+    hosts: list[FleetHost]
+
+
+@dataclass
+class FleetChanges:
+    gpus_reconfigured: int
+    nodes_drained: list[str]
+    gpus_added: int
+    gpus_freed: int
+    lower_bound: int  # proven: over every fill, or over the compact relaxation where they are too many
+    moves: list[tuple[FleetHost, int]] = field(default_factory=list)  # (host, new configuration index)
+    added: dict[int, int] = field(default_factory=dict)  # configuration index -> GPUs added
+
+    def as_json(self) -> dict[str, Any]:
+        return {"gpus_reconfigured": self.gpus_reconfigured, "nodes_drained": self.nodes_drained,
+                "gpus_added": self.gpus_added, "gpus_freed": self.gpus_freed, "lower_bound": self.lower_bound}
+
+
+def fleet_hosts(fleet: Any, driver_branch: int | None) -> list[FleetHost]:
+    """The environment's bare-metal hosts and what each runs; cloud node pools are not re-planned."""
+    hosts = []
+    for node in fleet.nodes:
+        if node.managed_by != "ansible":
+            continue
+        found = profile_config(fleet.profiles[node.profile], node.gpu_model, driver_branch)
+        config = None if found is None else (node.gpu_model.name, *found)
+        hosts.append(FleetHost(node.name, node.pool, node.gpu_model.name, node.gpus_per_node, node.profile, config))
+    return sorted(hosts, key=lambda h: h.name)
+
+
+def host_classes(problem: PackProblem, hosts: list[FleetHost]) -> list[HostClass]:
+    index = {(g.model.name, g.kind, g.layout, g.replicas): g.index for g in problem.configs}
+    classes: dict[tuple[Any, ...], HostClass] = {}
+    for host in hosts:
+        config = index.get(host.config) if host.config is not None else None
+        key = (host.model, config, host.gpus)
+        classes.setdefault(key, HostClass(host.model, config, host.gpus, [])).hosts.append(host)
+    return list(classes.values())
+
+
+@dataclass
+class Scratch:
+    """The plan from nothing: GPUs per configuration and its fills, a start for the fleet MIP."""
+
+    gpus: dict[int, int]
+    fills: dict[Fill, int]
+
+
+def _fills(data: Data, classes: list[HostClass], clock: Clock) -> tuple[list[Fill], bool, Scratch | None]:
+    """(fill columns, whether they are every fill there is, the plan from nothing where one was made)."""
+    enumerated = enumerate_fills(data, ENUMERATION_LIMIT) if data.n <= ENUMERATION_TYPES else None
+    if enumerated is not None:
+        return enumerated, True, None
+    fills: list[Fill] = []
+    scratch = None
+    try:
+        result = solve(data.problem, max(1.0, clock.limit - clock.elapsed()) / 2)
+        scratch = Scratch({}, {})
+        for gpu in result.gpus:
+            scratch.gpus[gpu.config] = scratch.gpus.get(gpu.config, 0) + 1
+            for slot in gpu.slots:
+                counts: dict[int, int] = {}
+                for i in slot.items:
+                    counts[i] = counts.get(i, 0) + 1
+                if counts:
+                    fill = Fill(slot.kind, tuple(sorted(counts.items())))
+                    fills.append(fill)
+                    scratch.fills[fill] = scratch.fills.get(fill, 0) + 1
+    except Infeasible:
+        pass
+    kinds = sorted({u for c in classes if c.config is not None for u, _ in data.configs[c.config].units})
+    for u in kinds:
+        wanted = {int(i): int(data.demand[i]) for i in np.flatnonzero(data.adm[:, u])}
+        if wanted:
+            fills += pack_kinds(data, {u: wanted})
+    return list(dict.fromkeys(fills)), False, scratch
+
+
+class FleetModel:
+    """The MIP over whole hosts kept or changed, GPUs added, GPUs used and fill columns; or, without fills, its
+    relaxation with replicas assigned to unit kinds in aggregate (the compact LP's rows), whose dual bound on
+    changes holds for every plan."""
+
+    def __init__(self, data: Data, classes: list[HostClass], fills: list[Fill] | None, addable: dict[str, int | None],
+                 max_changes: int | None) -> None:
+        import highspy
+
+        self.data, self.classes = data, classes
+        self.fills = fills or []
+        self.start: np.ndarray | None = None  # the last stage's plan
+        self.hint: np.ndarray | None = None  # a heuristic first plan, which HiGHS checks before using
+        configs = data.configs
+        units = len(data.units)
+        self.h = h = highs(FLEET_NODES)
+        # Columns: used GPUs per configuration, kept hosts per class, changed hosts per (class, configuration),
+        # added GPUs per configuration of an addable model, then fills.
+        self.used = list(range(len(configs)))
+        self.keep = [len(configs) + k for k in range(len(classes))]
+        self.changes = [(k, g.index) for k, c in enumerate(classes) for g in configs
+                        if g.model.name == c.model and g.index != c.config]
+        self.change0 = len(configs) + len(classes)
+        self.adds = [g.index for g in configs if g.model.name in addable]
+        self.add0 = self.change0 + len(self.changes)
+        self.fill0 = self.add0 + len(self.adds)
+        rows: list[tuple[float, float]] = []  # (lower, upper)
+        entries: dict[int, list[tuple[int, float]]] = {}
+
+        def row(lower: float, upper: float = highspy.kHighsInf) -> int:
+            rows.append((lower, upper))
+            return len(rows) - 1
+
+        def put(col: int, r: int, value: float) -> None:
+            entries.setdefault(col, []).append((r, value))
+
+        cover = [row(float(d)) for d in data.demand]
+        unit_rows = [row(0.0) for _ in range(units)]
+        avail = [row(0.0) for _ in configs]  # GPUs in a configuration - those used >= 0
+        slots = unit_slots(data) if fills is None else np.ones(units)
+        for g in configs:
+            put(self.used[g.index], avail[g.index], -1.0)
+            for u, count in g.units:
+                put(self.used[g.index], unit_rows[u], float(count * slots[u]))
+        for k, c in enumerate(classes):
+            r = row(-float(len(c.hosts)))
+            put(self.keep[k], r, -1.0)
+            if c.config is not None:
+                put(self.keep[k], avail[c.config], float(c.gpus))
+        self.change_row = row(-float(max_changes) if max_changes is not None else -highspy.kHighsInf)
+        self.add_row = row(-highspy.kHighsInf)
+        for j, (k, target) in enumerate(self.changes):
+            c = classes[k]
+            put(self.change0 + j, avail[target], float(c.gpus))
+            put(self.change0 + j, self.change_row, -float(c.gpus))
+            put(self.change0 + j, self.keep_row(k), -1.0)
+        by_model: dict[str, int] = {}
+        for name, most in sorted(addable.items()):
+            if most is not None:
+                by_model[name] = row(-float(most))
+        for j, target in enumerate(self.adds):
+            put(self.add0 + j, avail[target], 1.0)
+            put(self.add0 + j, self.add_row, -1.0)
+            model = configs[target].model.name
+            if model in by_model:
+                put(self.add0 + j, by_model[model], -1.0)
+        if data.rho is not None:
+            self._oversubscription(row, put)
+        for j, f in enumerate(self.fills):
+            for i, count in f.counts:
+                put(self.fill0 + j, cover[i], float(count))
+            put(self.fill0 + j, unit_rows[f.unit], -1.0)
+        pairs = 0 if fills is not None else self._assignments(row, put, cover, unit_rows)
+        count = len(rows)
+        h.addRows(count, np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), 0,
+                  np.zeros(1, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0))
+        total = self.fill0 + len(self.fills)
+        upper = {self.keep[k]: float(len(c.hosts)) for k, c in enumerate(classes)}
+        add_columns(h, [(0.0, entries.get(col, [])) for col in range(total)], integer=True)
+        add_columns(h, [(0.0, entries.get(col, [])) for col in range(total, total + pairs)])
+        self.total = total + pairs
+        for col, ub in upper.items():
+            h.changeColBounds(col, 0.0, ub)
+
+    def _assignments(self, row: Any, put: Any, cover: list[int], unit_rows: list[int]) -> int:
+        """The compact relaxation's replica side: size rows per time-sliced unit kind, and one continuous column
+        per (replica type, unit kind) that admits it. Returns the number of columns."""
+        data = self.data
+        extra = size_rows(data)
+        created = [row(0.0) for _ in extra]  # consecutive rows
+        first = created[0] if created else 0
+        by_unit: dict[int, list[int]] = {}
+        for k, (u, *_rest) in enumerate(extra):
+            by_unit.setdefault(u, []).append(k)
+        for g in data.configs:
+            for u, count in g.units:
+                for k in by_unit.get(u, ()):
+                    put(self.used[g.index], first + k, count * extra[k][3])
+        col = self.fill0
+        for i in range(data.n):
+            for u in map(int, data.item_kinds[i]):
+                put(col, cover[i], 1.0)
+                put(col, unit_rows[u], -1.0)
+                for r, value in size_entries(data, i, extra, by_unit.get(u, ()), first):
+                    put(col, r, value)
+                col += 1
+        return col - self.fill0
+
+    def start_from(self, scratch: Scratch) -> None:
+        """A first plan for the MIP: the plan from nothing on hosts already in its configurations, then on hosts
+        of the same model changed, then on added GPUs (no start where none may be added)."""
+        configs = self.data.configs
+        x = np.zeros(self.total)
+        have = dict.fromkeys(range(len(configs)), 0)
+        free = [len(c.hosts) for c in self.classes]
+        for k, c in enumerate(self.classes):
+            if c.config is not None:
+                n = min(free[k], max(0, math.ceil((scratch.gpus.get(c.config, 0) - have[c.config]) / c.gpus)))
+                x[self.keep[k]], free[k], have[c.config] = n, free[k] - n, have[c.config] + n * c.gpus
+        change_col = {key: self.change0 + j for j, key in enumerate(self.changes)}
+        add_col = {g: self.add0 + j for j, g in enumerate(self.adds)}
+        for g, count in sorted(scratch.gpus.items()):
+            for k, c in enumerate(self.classes):
+                short = count - have[g]
+                if short > 0 and (k, g) in change_col:
+                    n = min(free[k], math.ceil(short / c.gpus))
+                    x[change_col[(k, g)]] += n
+                    free[k], have[g] = free[k] - n, have[g] + n * c.gpus
+            if count > have[g]:
+                if g not in add_col:
+                    return
+                x[add_col[g]] = count - have[g]
+            x[self.used[g]] = count
+        column = {f: self.fill0 + j for j, f in enumerate(self.fills)}
+        for f, count in scratch.fills.items():
+            x[column[f]] = count
+        self.hint = x
+
+    def change_costs(self) -> dict[int, float]:
+        """GPUs reconfigured: each host changed counts all its GPUs."""
+        return {self.change0 + j: float(self.classes[k].gpus) for j, (k, _) in enumerate(self.changes)}
+
+    def keep_row(self, k: int) -> int:
+        """The row `-kept - changed >= -hosts` of class k (rows: cover, units, configurations, then classes)."""
+        return self.data.n + len(self.data.units) + len(self.data.configs) + k
+
+    def _oversubscription(self, row: Any, put: Any) -> None:
+        """Advertised within rho x hardware units over every GPU the fleet has, idle ones in their current
+        configuration included (they still advertise)."""
+        data = self.data
+        term = data.config_over
+        constant = sum(len(c.hosts) * c.gpus * term[c.config] for c in self.classes if c.config is not None)
+        r = row(-float(constant))
+        for j, (k, g) in enumerate(self.changes):
+            c = self.classes[k]
+            before = term[c.config] if c.config is not None else 0.0
+            put(self.change0 + j, r, float(c.gpus * (term[g] - before)))
+        for j, g in enumerate(self.adds):
+            put(self.add0 + j, r, float(term[g]))
+
+    def stage(self, costs: dict[int, float], clock: Clock) -> tuple[np.ndarray | None, float]:
+        """Minimise these column costs: (solution or None, the MIP's dual bound)."""
+        total = self.total
+        cost = np.zeros(total)
+        for col, value in costs.items():
+            cost[col] = value
+        self.h.changeColsCost(total, np.arange(total, dtype=np.int32), cost)
+        hint = self.start if self.start is not None else self.hint
+        if hint is not None:  # set after the change: changing the model drops a start given before
+            self.h.setSolution(total, np.arange(total, dtype=np.int32), hint)
+        clock.run(self.h)
+        info = self.h.getInfo()
+        bound = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else -math.inf
+        if info.primal_solution_status != 2:
+            return self.start, bound  # the previous stage's plan still meets every limit set since
+        self.start = np.round(np.array(self.h.getSolution().col_value))
+        return self.start, bound
+
+    def limit(self, r: int, upper: float) -> None:
+        import highspy
+
+        self.h.changeRowBounds(r, -upper, highspy.kHighsInf)
+
+
+def plan_fleet(problem: PackProblem, hosts: list[FleetHost], addable: dict[str, int | None],
+               max_changes: int | None, time_limit: float) -> tuple[SolveResult, FleetChanges]:
+    clock = Clock(time_limit)
+    data = Data(problem)
+    classes = host_classes(problem, hosts)
+    fills, exhaustive, scratch = _fills(data, classes, clock)
+    model = FleetModel(data, classes, fills, addable, max_changes)
+    if scratch is not None:
+        model.start_from(scratch)
+    add_costs = {model.add0 + j: 1.0 for j in range(len(model.adds))}
+    x, _ = model.stage(add_costs, clock)
+    if x is None:
+        raise Infeasible(proven=exhaustive)
+    added = int(sum(x[col] for col in add_costs))
+    model.limit(model.add_row, added)
+    x, change_bound = model.stage(model.change_costs(), clock)
+    assert x is not None  # the previous stage's plan is still feasible
+    changed = int(sum(x[col] * cost for col, cost in model.change_costs().items()))
+    model.limit(model.change_row, changed)
+    x, _ = model.stage({model.used[g.index]: g.cost for g in data.configs}, clock)
+    assert x is not None
+    used = {g: int(x[model.used[g]]) for g in range(len(data.configs)) if x[model.used[g]] >= 1}
+    chosen = {f: int(x[model.fill0 + j]) for j, f in enumerate(fills) if x[model.fill0 + j] >= 1}
+    gpus = realise(data, IntSolution(used, chosen, sum(data.configs[g].cost * k for g, k in used.items())))
+    objective = float(sum(data.configs[g.config].cost for g in gpus))
+    if not exhaustive and changed > 0:
+        change_bound = _relaxed_change_bound(data, classes, addable, max_changes, added, clock)
+    lower = max(0, math.ceil(change_bound - 1e-6)) if changed > 0 else 0
+    stats = {"item_types": data.n, "configurations": len(data.configs), "fill_columns": len(fills),
+             "exhaustive": exhaustive, "seconds": round(clock.elapsed(), 3), "cut_by_time_limit": clock.cut}
+    # The compact LP bounds every plan on these GPUs, re-planned or not.
+    bound = compact_bound(data, clock).bound
+    result = SolveResult(gpus, objective, bound, bound, False, False, "fleet-mip", stats)
+    return result, _changes(model, x, hosts, min(lower, changed))
+
+
+def _relaxed_change_bound(data: Data, classes: list[HostClass], addable: dict[str, int | None],
+                          max_changes: int | None, added: int, clock: Clock) -> float:
+    """The least GPUs reconfigured over the compact relaxation (every plan adding at most `added` GPUs is in it):
+    a proven bound where the fills could not all be enumerated."""
+    relaxed = FleetModel(data, classes, None, addable, max_changes)
+    relaxed.h.setOptionValue("mip_max_nodes", BOUND_NODES)
+    relaxed.h.setOptionValue("mip_max_leaves", BOUND_NODES)
+    relaxed.limit(relaxed.add_row, added)
+    _, bound = relaxed.stage(relaxed.change_costs(), clock)
+    return bound
+
+
+def _changes(model: FleetModel, x: np.ndarray, hosts: list[FleetHost], lower: int) -> FleetChanges:
+    """Which hosts move (the first by name in each class), GPUs added, and GPUs left idle."""
+    moves: list[tuple[FleetHost, int]] = []
+    for j, (k, g) in enumerate(model.changes):
+        c = model.classes[k]
+        taken = {h.name for h, _ in moves}
+        free = [h for h in c.hosts if h.name not in taken]
+        moves += [(h, g) for h in free[:int(x[model.change0 + j])]]
+    added = {g: int(x[model.add0 + j]) for j, g in enumerate(model.adds) if x[model.add0 + j] >= 1}
+    used = int(sum(x[col] for col in model.used))
+    existing = sum(h.gpus for h in hosts)
+    return FleetChanges(
+        gpus_reconfigured=sum(h.gpus for h, _ in moves), nodes_drained=sorted(h.name for h, _ in moves),
+        gpus_added=sum(added.values()), gpus_freed=max(0, existing + sum(added.values()) - used),
+        lower_bound=lower, moves=sorted(moves, key=lambda m: m[0].name), added=added)
+
+
+def no_fleet_error(env: str) -> GpushareError:
+    return GpushareError(Problem(f"environment {env} has no bare-metal hosts to re-plan",
+                                 fix="use --env to plan a new fleet within its guardrails, or add hosts to a pool"))
