@@ -207,7 +207,7 @@ def test_an_undeclared_promotion_exits_2_from_the_cli() -> None:
     assert problem["path"] == "environments.prod.promote_from" and "guardrails.yaml" in problem["file"]
 
 
-def test_shipped_environments_without_prometheus(tmp_path: Path) -> None:
+def test_fixture_environments_without_prometheus(tmp_path: Path) -> None:
     result = runner.invoke(app, ["promote", "--from", "pilot", "--to", "prod", "--json", "--no-plan",
                                  "--patch", str(tmp_path / "p.patch")])
     assert result.exit_code == 1

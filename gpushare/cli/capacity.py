@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpushare.cli.common import EndOption, EnvOption, PrometheusOption
 from gpushare.core.errors import GpushareError
 from gpushare.core.files import write_with
 
@@ -42,11 +43,10 @@ def _chart(recs: list[Recommendation], path: Path, environment: str, window: str
 
 
 def capacity_command(
-    env: Annotated[str, typer.Option("--env", "-e", help="Environment name under environments/, or a path.")],
-    prometheus: Annotated[str, typer.Option("--prometheus", help="Prometheus base URL, e.g. http://prometheus:9090")],
+    env: EnvOption,
+    prometheus: PrometheusOption,
     window: Annotated[str, typer.Option("--window", help="How far back to look (Prometheus duration).")] = "7d",
-    end: Annotated[float | None, typer.Option("--end", help="End of the window, Unix seconds (default: now).")]
-    = None,
+    end: EndOption = None,
     patch: Annotated[Path | None, typer.Option("--patch", help="Where to write the proposed change "
                                                 "(default: build/capacity/<env>.patch).")] = None,
     chart: Annotated[Path | None, typer.Option("--chart", help="Write a PNG of utilization now and projected.")]

@@ -15,6 +15,9 @@ EnvOption = Annotated[str, typer.Option("--env", "-e", help="Environment name un
 ProfilesOption = Annotated[
     Path | None, typer.Option("--profiles", help="Profiles directory (default: profiles/ beside environments/).")
 ]
+PrometheusOption = Annotated[str, typer.Option("--prometheus",
+                                               help="Prometheus base URL, e.g. http://prometheus:9090")]
+EndOption = Annotated[float | None, typer.Option("--end", help="End of the window, Unix seconds (default: now).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
 

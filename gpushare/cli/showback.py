@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gpushare.cli.common import EndOption, EnvOption, PrometheusOption
 from gpushare.core.errors import GpushareError
 from gpushare.core.files import write_file, write_with
 
@@ -91,11 +92,10 @@ def _table(rows: list[Row], report: ShowbackReport, by: str) -> None:
 
 
 def showback_command(
-    env: Annotated[str, typer.Option("--env", "-e", help="Environment name under environments/, or a path.")],
-    prometheus: Annotated[str, typer.Option("--prometheus", help="Prometheus base URL, e.g. http://prometheus:9090")],
+    env: EnvOption,
+    prometheus: PrometheusOption,
     window: Annotated[str, typer.Option("--window", help="How far back to look (Prometheus duration).")] = "30d",
-    end: Annotated[float | None, typer.Option("--end", help="End of the window, Unix seconds (default: now).")]
-    = None,
+    end: EndOption = None,
     prices: Annotated[Path | None, typer.Option("--prices", help="Prices file (default: policies/prices.yaml "
                                                 "where the workspace has one; none means GPU-hours only).")] = None,
     by: Annotated[str, typer.Option("--by", help="Group the table and CSV by tenant, pool or model.")] = "tenant",

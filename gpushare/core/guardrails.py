@@ -6,11 +6,16 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import project_root
-from gpushare.core.spec import VERSION_PATTERN, Strict, file_body, read_yaml, validation_problems, version_tuple
+from gpushare.core.spec import (
+    VERSION_PATTERN,
+    Strict,
+    load_model,
+    version_tuple,
+)
 
 Version = Annotated[str, Field(pattern=VERSION_PATTERN)]
 
@@ -269,11 +274,7 @@ def guardrails_path() -> Path:
 
 @cache
 def _load(path: Path) -> Guardrails:
-    doc = read_yaml(path)
-    try:
-        return Guardrails.model_validate(file_body(doc, "Guardrails"))
-    except ValidationError as exc:
-        raise GpushareError(validation_problems(exc, doc, Guardrails)) from None
+    return load_model(path, Guardrails, "Guardrails", "guardrails file", "policies/guardrails.yaml")[0]
 
 
 def load_guardrails(path: Path | None = None) -> Guardrails:

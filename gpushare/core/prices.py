@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from gpushare.core.catalog import load_catalog
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import project_root
-from gpushare.core.spec import Located, Strict, file_body, read_yaml, validation_problems
+from gpushare.core.spec import Located, Strict, load_model
 
 Price = Annotated[float, Field(ge=0, description="Price of one GPU-hour of this model, in the file's currency.")]
 
@@ -63,11 +63,7 @@ def _canonical(doc: Located, hourly: dict[str, float], base: tuple[str, ...]) ->
 
 def load_prices(path: Path, environment: str) -> PriceTable:
     """The prices that apply to `environment`; errors name the file, the key and the fix."""
-    doc = read_yaml(path, "prices file")
-    try:
-        prices = Prices.model_validate(file_body(doc, "Prices"))
-    except ValidationError as exc:
-        raise GpushareError(validation_problems(exc, doc, Prices)) from None
+    prices, doc = load_model(path, Prices, "Prices", "prices file", "policies/prices.example.yaml")
     hourly = _canonical(doc, prices.hourly, ("hourly",))
     override = prices.environments.get(environment)
     if override is not None:

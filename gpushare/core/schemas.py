@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.core.guardrails import Guardrails
+from gpushare.core.prices import Prices
 from gpushare.core.spec import PROFILE_ADAPTER, Environment, with_header
 
 
@@ -19,4 +20,7 @@ def json_schemas() -> dict[str, dict[str, Any]]:
             with_header(definition, None)
     guardrails = with_header(Guardrails.model_json_schema(), "Guardrails")
     guardrails["title"] = "gpushare guardrails"
-    return {"environment.schema.json": env, "profile.schema.json": profile, "guardrails.schema.json": guardrails}
+    prices = with_header(Prices.model_json_schema(), "Prices")
+    prices["title"] = "gpushare GPU prices"
+    return {"environment.schema.json": env, "profile.schema.json": profile, "guardrails.schema.json": guardrails,
+            "prices.schema.json": prices}

@@ -8,7 +8,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -691,16 +691,26 @@ def with_header(schema: dict[str, Any], kind: str | None) -> dict[str, Any]:
     return schema
 
 
-def load_environment(path: Path) -> tuple[Environment, Located]:
-    doc = read_yaml(path)
-    if not isinstance(doc.data, dict):
-        raise GpushareError(Problem("an environment file must be a mapping", file=doc.file, line=1,
-                                    fix="start from environments/dev.yaml"))
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def load_model(path: Path, model: type[ModelT], kind: str, what: str, start_from: str,
+               empty: dict[str, Any] | None = None) -> tuple[ModelT, Located]:
+    """A workspace file through the shared loader, its header checked and its body validated by `model`; every
+    problem located. `empty`: what an empty file means, where an empty file is allowed."""
+    doc = read_yaml(path, what)
+    data = empty if doc.data is None and empty is not None else doc.data
+    if not isinstance(data, dict):
+        raise GpushareError(Problem(f"a {what} must be a mapping", file=doc.file, line=1,
+                                    fix=f"start from {start_from}"))
     try:
-        env = Environment.model_validate(file_body(doc, "Environment"))
+        return model.model_validate(file_body(Located(doc.file, data, doc.text), kind)), doc
     except ValidationError as exc:
-        raise GpushareError(validation_problems(exc, doc, Environment)) from None
-    return env, doc
+        raise GpushareError(validation_problems(exc, doc, model)) from None
+
+
+def load_environment(path: Path) -> tuple[Environment, Located]:
+    return load_model(path, Environment, "Environment", "environment file", "environments/dev.yaml")
 
 
 def load_profile_file(path: Path) -> tuple[Any, Located]:

@@ -29,6 +29,7 @@ from gpushare.planner.solve import (
     Infeasible,
     IntSolution,
     SolveResult,
+    _share,
     add_columns,
     compact_bound,
     enumerate_fills,
@@ -141,6 +142,147 @@ def _fills(data: Data, classes: list[HostClass], clock: Clock) -> tuple[list[Fil
     return list(dict.fromkeys(fills)), False, scratch
 
 
+@dataclass
+class Hint:
+    """A whole plan in the fleet model's terms: hosts kept per class, hosts changed per (class, configuration),
+    GPUs added and used per configuration, and fills."""
+
+    keep: dict[int, int]
+    change: dict[tuple[int, int], int]
+    add: dict[int, int]
+    fills: dict[Fill, int]
+    used: dict[int, int] = field(default_factory=dict)
+
+
+def current_hint(data: Data, classes: list[HostClass], adds: list[int]) -> Hint | None:
+    """Every host as it is; the demand packed onto its units, GPUs added only for what does not fit."""
+    keep = {k: len(c.hosts) for k, c in enumerate(classes) if c.config is not None}
+    return _complete(data, classes, adds, Hint(keep, {}, {}, {}))
+
+
+def scratch_hint(data: Data, classes: list[HostClass], adds: list[int], scratch: Scratch) -> Hint | None:
+    """The plan from nothing mapped onto whole hosts: hosts already in a configuration it wants kept, then hosts
+    of the same model changed to it (whole hosts while a whole host is wanted, then one host per remainder), then
+    GPUs added; fills that find no unit are repacked onto spare units, then onto added GPUs."""
+    keep: dict[int, int] = {}
+    change: dict[tuple[int, int], int] = {}
+    free = [len(c.hosts) for c in classes]
+    need = dict(scratch.gpus)
+
+    def take(k: int, g: int, n: int) -> None:
+        if n <= 0:
+            return
+        if classes[k].config == g:
+            keep[k] = keep.get(k, 0) + n
+        else:
+            change[(k, g)] = change.get((k, g), 0) + n
+        free[k] -= n
+        need[g] -= n * classes[k].gpus
+
+    model_of = data.config_model
+    for k, c in enumerate(classes):
+        if c.config is not None and need.get(c.config, 0) > 0:
+            take(k, c.config, min(free[k], need[c.config] // c.gpus))
+    for g in sorted(need, key=lambda g: (-need[g], g)):
+        for k, c in enumerate(classes):
+            if c.model == model_of[g] and need[g] > 0:
+                take(k, g, min(free[k], need[g] // c.gpus))
+    for g in sorted(need, key=lambda g: (-need[g], g)):
+        while need[g] > 0:
+            same = [k for k, c in enumerate(classes) if free[k] and c.model == model_of[g]]
+            if not same:
+                break
+            take(min(same, key=lambda k: (classes[k].config != g, k)), g, 1)
+    add = {g: n for g, n in need.items() if n > 0 and g in adds}
+    for k, c in enumerate(classes):
+        if free[k] and c.config is not None:
+            keep[k] = keep.get(k, 0) + free[k]
+    return _complete(data, classes, adds, Hint(keep, change, add, dict(scratch.fills)))
+
+
+def _complete(data: Data, classes: list[HostClass], adds: list[int], hint: Hint) -> Hint | None:
+    """Fit the hint's fills onto its units; repack what does not fit onto spare units, then onto added GPUs (None
+    where no GPU that may be added takes it); then use as few of the GPUs as hold the fills."""
+    avail = np.zeros(len(data.configs), dtype=np.int64)
+    for k, n in hint.keep.items():
+        avail[classes[k].config] += n * classes[k].gpus  # kept classes have a config
+    for (k, g), n in hint.change.items():
+        avail[g] += n * classes[k].gpus
+    for g, n in hint.add.items():
+        avail[g] += n
+    free = avail @ data.config_units
+    placed: dict[Fill, int] = {}
+    residual: dict[int, int] = {i: int(d) for i, d in enumerate(data.demand)}
+    for f, count in sorted(hint.fills.items(), key=lambda e: (e[0].unit, e[0].counts)):
+        n = min(count, int(free[f.unit]))
+        if n:
+            placed[f], free[f.unit] = n, free[f.unit] - n
+            for i, c in f.counts:
+                residual[i] -= c * n
+    residual = _repack(data, free, {i: c for i, c in residual.items() if c > 0}, placed)
+    if residual:
+        kinds = {u for g in adds for u, _ in data.configs[g].units}
+        wanted: dict[int, dict[int, int]] = {}
+        for i, count in sorted(residual.items()):
+            allowed = [int(u) for u in data.item_kinds[i] if int(u) in kinds]
+            if not allowed:
+                return None
+            best = min(allowed, key=lambda u: (_share(data, data.units[u], i), u))
+            wanted.setdefault(best, {})[i] = count
+        for f in pack_kinds(data, wanted):
+            placed[f] = placed.get(f, 0) + 1
+            free[f.unit] -= 1
+        for u in sorted({int(u) for u in np.flatnonzero(free < 0)}):
+            if free[u] >= 0:  # GPUs added for an earlier kind had units of this one
+                continue
+            g = max((g for g in adds if data.config_units[g, u] > 0), key=lambda g: (data.config_units[g, u], -g))
+            n = math.ceil(-free[u] / data.config_units[g, u])
+            hint.add[g] = hint.add.get(g, 0) + n
+            avail[g] += n
+            free += n * data.config_units[g]
+    hint.fills = placed
+    hint.used = _trim(data, avail, placed)
+    return hint
+
+
+def _repack(data: Data, free: np.ndarray, residual: dict[int, int], placed: dict[Fill, int]) -> dict[int, int]:
+    """Replicas onto spare units (each type on the admitting kind with spare units where it takes the least share
+    of a GPU), first-fit decreasing; a few passes, each moving what overflowed to kinds that still have room."""
+    for _ in range(4):
+        wanted: dict[int, dict[int, int]] = {}
+        for i, count in sorted(residual.items()):
+            kinds = [int(u) for u in data.item_kinds[i] if free[u] >= 1]
+            if kinds:
+                best = min(kinds, key=lambda u: (_share(data, data.units[u], i), -free[u], u))
+                wanted.setdefault(best, {})[i] = count
+        if not wanted:
+            break
+        for f in pack_kinds(data, wanted):
+            if free[f.unit] >= 1:
+                placed[f] = placed.get(f, 0) + 1
+                free[f.unit] -= 1
+                for i, c in f.counts:
+                    residual[i] -= c
+        residual = {i: c for i, c in residual.items() if c > 0}
+    return residual
+
+
+def _trim(data: Data, avail: np.ndarray, fills: dict[Fill, int]) -> dict[int, int]:
+    """GPUs in use per configuration: enough of those available to hold the fills, greedily by configuration."""
+    need = np.zeros(len(data.units))
+    for f, n in fills.items():
+        need[f.unit] += n
+    used: dict[int, int] = {}
+    for g in map(int, np.flatnonzero(avail)):
+        row = data.config_units[g]
+        wanted = [math.ceil(need[u] / row[u]) for u in np.flatnonzero(row) if need[u] > 0]
+        n = min(int(avail[g]), max(wanted, default=0))
+        if n:
+            used[g] = n
+            need = np.maximum(need - n * row, 0)
+    return used
+
+
 class FleetModel:
     """The MIP over whole hosts kept or changed, GPUs added, GPUs used and fill columns; or, without fills, its
     relaxation with replicas assigned to unit kinds in aggregate (the compact LP's rows), whose dual bound on
@@ -153,7 +295,8 @@ class FleetModel:
         self.data, self.classes = data, classes
         self.fills = fills or []
         self.start: np.ndarray | None = None  # the last stage's plan
-        self.hint: np.ndarray | None = None  # a heuristic first plan, which HiGHS checks before using
+        self.hint: np.ndarray | None = None  # a heuristic first plan, checked against every row before it is given
+        self.runs = 0  # stage MIPs run
         configs = data.configs
         units = len(data.units)
         self.h = h = highs(FLEET_NODES)
@@ -219,6 +362,8 @@ class FleetModel:
                   np.zeros(1, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0))
         total = self.fill0 + len(self.fills)
         upper = {self.keep[k]: float(len(c.hosts)) for k, c in enumerate(classes)}
+        self.row_lower, self.row_upper = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+        self.entries, self.col_upper = entries, upper
         add_columns(h, [(0.0, entries.get(col, [])) for col in range(total)], integer=True)
         add_columns(h, [(0.0, entries.get(col, [])) for col in range(total, total + pairs)])
         self.total = total + pairs
@@ -249,35 +394,40 @@ class FleetModel:
                 col += 1
         return col - self.fill0
 
-    def start_from(self, scratch: Scratch) -> None:
-        """A first plan for the MIP: the plan from nothing on hosts already in its configurations, then on hosts
-        of the same model changed, then on added GPUs (no start where none may be added)."""
-        configs = self.data.configs
+    def vector(self, hint: Hint) -> np.ndarray | None:
+        """The hint as a column vector, or None where it does not meet every row (HiGHS would reject it)."""
         x = np.zeros(self.total)
-        have = dict.fromkeys(range(len(configs)), 0)
-        free = [len(c.hosts) for c in self.classes]
-        for k, c in enumerate(self.classes):
-            if c.config is not None:
-                n = min(free[k], max(0, math.ceil((scratch.gpus.get(c.config, 0) - have[c.config]) / c.gpus)))
-                x[self.keep[k]], free[k], have[c.config] = n, free[k] - n, have[c.config] + n * c.gpus
         change_col = {key: self.change0 + j for j, key in enumerate(self.changes)}
         add_col = {g: self.add0 + j for j, g in enumerate(self.adds)}
-        for g, count in sorted(scratch.gpus.items()):
-            for k, c in enumerate(self.classes):
-                short = count - have[g]
-                if short > 0 and (k, g) in change_col:
-                    n = min(free[k], math.ceil(short / c.gpus))
-                    x[change_col[(k, g)]] += n
-                    free[k], have[g] = free[k] - n, have[g] + n * c.gpus
-            if count > have[g]:
-                if g not in add_col:
-                    return
-                x[add_col[g]] = count - have[g]
-            x[self.used[g]] = count
-        column = {f: self.fill0 + j for j, f in enumerate(self.fills)}
-        for f, count in scratch.fills.items():
-            x[column[f]] = count
-        self.hint = x
+        fill_col = {f: self.fill0 + j for j, f in enumerate(self.fills)}
+        if not (set(hint.change) <= set(change_col) and set(hint.add) <= set(add_col)
+                and set(hint.fills) <= set(fill_col)):
+            return None
+        for k, n in hint.keep.items():
+            x[self.keep[k]] = n
+        for key, n in hint.change.items():
+            x[change_col[key]] = n
+        for g, n in hint.add.items():
+            x[add_col[g]] = n
+        for g, n in hint.used.items():
+            x[self.used[g]] = n
+        for f, n in hint.fills.items():
+            x[fill_col[f]] = n
+        return x if self.feasible(x) else None
+
+    def feasible(self, x: np.ndarray) -> bool:
+        activity = np.zeros(len(self.row_lower))
+        for col in map(int, np.flatnonzero(x)):
+            for r, value in self.entries.get(col, ()):
+                activity[r] += value * x[col]
+        within = all(x[col] <= ub for col, ub in self.col_upper.items()) and bool(np.all(x >= 0))
+        return within and bool(np.all(activity >= self.row_lower - 1e-6) and np.all(activity <= self.row_upper + 1e-6))
+
+    def score(self, x: np.ndarray) -> tuple[int, int, float]:
+        """(GPUs added, GPUs reconfigured, cost of the GPUs used): the order the stages minimise."""
+        added = int(round(sum(x[self.add0 + j] for j in range(len(self.adds)))))
+        changed = int(round(sum(x[col] * cost for col, cost in self.change_costs().items())))
+        return added, changed, round(float(sum(x[self.used[g.index]] * g.cost for g in self.data.configs)), 6)
 
     def change_costs(self) -> dict[int, float]:
         """GPUs reconfigured: each host changed counts all its GPUs."""
@@ -312,6 +462,7 @@ class FleetModel:
         if hint is not None:  # set after the change: changing the model drops a start given before
             self.h.setSolution(total, np.arange(total, dtype=np.int32), hint)
         clock.run(self.h)
+        self.runs += 1
         info = self.h.getInfo()
         bound = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else -math.inf
         if info.primal_solution_status != 2:
@@ -323,6 +474,7 @@ class FleetModel:
         import highspy
 
         self.h.changeRowBounds(r, -upper, highspy.kHighsInf)
+        self.row_lower[r] = -upper
 
 
 def plan_fleet(problem: PackProblem, hosts: list[FleetHost], addable: dict[str, int | None],
@@ -331,21 +483,20 @@ def plan_fleet(problem: PackProblem, hosts: list[FleetHost], addable: dict[str, 
     data = Data(problem)
     classes = host_classes(problem, hosts)
     fills, exhaustive, scratch = _fills(data, classes, clock)
+    adds = [g.index for g in data.configs if g.model.name in addable]
+    hints = [current_hint(data, classes, adds), scratch_hint(data, classes, adds, scratch) if scratch else None]
+    found = [h for h in hints if h is not None]
+    fills = list(dict.fromkeys(fills + [f for h in found for f in h.fills]))
     model = FleetModel(data, classes, fills, addable, max_changes)
-    if scratch is not None:
-        model.start_from(scratch)
-    add_costs = {model.add0 + j: 1.0 for j in range(len(model.adds))}
-    x, _ = model.stage(add_costs, clock)
-    if x is None:
-        raise Infeasible(proven=exhaustive)
-    added = int(sum(x[col] for col in add_costs))
-    model.limit(model.add_row, added)
-    x, change_bound = model.stage(model.change_costs(), clock)
-    assert x is not None  # the previous stage's plan is still feasible
-    changed = int(sum(x[col] * cost for col, cost in model.change_costs().items()))
-    model.limit(model.change_row, changed)
-    x, _ = model.stage({model.used[g.index]: g.cost for g in data.configs}, clock)
-    assert x is not None
+    # The trivial plans (the fleet as it is, the plan from nothing on its hosts) that meet every row, best first.
+    starts = sorted((x for x in map(model.vector, found) if x is not None), key=model.score)
+    if starts and model.score(starts[0])[:2] == (0, 0):
+        x, change_bound = starts[0], 0.0  # the fleet serves the demand as it is: nothing to minimise but GPUs
+    else:
+        model.hint = starts[0] if starts else None
+        x, change_bound = _stages(model, data, exhaustive, clock)
+        x = min([x, *starts], key=model.score)  # never worse than a trivial plan, whatever the node limits left
+    added, changed, _ = model.score(x)
     used = {g: int(x[model.used[g]]) for g in range(len(data.configs)) if x[model.used[g]] >= 1}
     chosen = {f: int(x[model.fill0 + j]) for j, f in enumerate(fills) if x[model.fill0 + j] >= 1}
     gpus = realise(data, IntSolution(used, chosen, sum(data.configs[g].cost * k for g, k in used.items())))
@@ -354,11 +505,32 @@ def plan_fleet(problem: PackProblem, hosts: list[FleetHost], addable: dict[str, 
         change_bound = _relaxed_change_bound(data, classes, addable, max_changes, added, clock)
     lower = max(0, math.ceil(change_bound - 1e-6)) if changed > 0 else 0
     stats = {"item_types": data.n, "configurations": len(data.configs), "fill_columns": len(fills),
-             "exhaustive": exhaustive, "seconds": round(clock.elapsed(), 3), "cut_by_time_limit": clock.cut}
+             "exhaustive": exhaustive, "stage_mips": model.runs, "seconds": round(clock.elapsed(), 3),
+             "cut_by_time_limit": clock.cut}
     # The compact LP bounds every plan on these GPUs, re-planned or not.
     bound = compact_bound(data, clock).bound
     result = SolveResult(gpus, objective, bound, bound, False, False, "fleet-mip", stats)
     return result, _changes(model, x, hosts, min(lower, changed))
+
+
+def _stages(model: FleetModel, data: Data, exhaustive: bool, clock: Clock) -> tuple[np.ndarray, float]:
+    """The three MIPs in order, each limited by the previous optimum and started from the best trivial plan:
+    (plan, dual bound on GPUs reconfigured). The first is not run where that plan adds no GPU."""
+    add_costs = {model.add0 + j: 1.0 for j in range(len(model.adds))}
+    if model.hint is not None and model.score(model.hint)[0] == 0:
+        model.start = model.hint
+    x: np.ndarray | None = model.start
+    if x is None:
+        x, _ = model.stage(add_costs, clock)
+    if x is None:
+        raise Infeasible(proven=exhaustive)
+    model.limit(model.add_row, model.score(x)[0])
+    x, change_bound = model.stage(model.change_costs(), clock)
+    assert x is not None  # the previous stage's plan is still feasible
+    model.limit(model.change_row, model.score(x)[1])
+    x, _ = model.stage({model.used[g.index]: g.cost for g in data.configs}, clock)
+    assert x is not None
+    return x, change_bound
 
 
 def _relaxed_change_bound(data: Data, classes: list[HostClass], addable: dict[str, int | None],

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import EnvironmentGuardrails, Guardrails, StartsWith, guardrails_path, load_guardrails
@@ -32,7 +32,7 @@ from gpushare.core.resolve import (
     resolve,
     resolve_env,
 )
-from gpushare.core.spec import Strict, file_body, invalid, read_yaml, validation_problems, version_tuple
+from gpushare.core.spec import Strict, invalid, load_model, version_tuple
 
 Level = Literal["mandatory", "advisory"]
 SHARED_KINDS = ("time-slicing", "mps", "mig-time-slicing")
@@ -760,11 +760,9 @@ def load_waivers(path: Path | None = None, guardrails: Guardrails | None = None)
     path = path or waivers_path()
     if not path.exists():
         return [], str(path)
-    doc = read_yaml(path, "waivers file")
-    try:
-        waivers = Waivers.model_validate(file_body(doc, "Waivers") or {}).waivers
-    except ValidationError as exc:
-        raise GpushareError(validation_problems(exc, doc, Waivers)) from None
+    loaded, doc = load_model(path, Waivers, "Waivers", "waivers file",
+                             "the commented waivers.yaml that `gpushare init` writes", empty={})
+    waivers = loaded.waivers
     known = (guardrails or load_guardrails()).environments
     problems = [doc.problem(("waivers", i, "environment"), f"waiver of {w.rule} names environment "
                             f"{w.environment!r}, which policies/guardrails.yaml does not know",

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -149,3 +150,76 @@ def test_a_re_plan_is_the_same_in_separate_processes(fleet: Any, tmp_path: Path)
         doc["solve"].pop("seconds")  # the one wall-clock reading
         outputs.append(json.dumps(doc, sort_keys=True))
     assert outputs[0] == outputs[1] and json.loads(outputs[0])["changes"]["gpus_reconfigured"] > 0
+
+
+def _captured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """The arguments pack gives plan_fleet (problem, hosts, addable, ...), for building its model in a test."""
+    import gpushare.planner.pack as pack
+
+    seen: list[tuple[Any, ...]] = []
+    real = pack.plan_fleet
+
+    def spy(*args: Any) -> Any:
+        seen.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(pack, "plan_fleet", spy)
+    return seen
+
+
+def test_the_trivial_plan_of_a_serving_fleet_is_accepted_by_highs(fleet: Any, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    import highspy
+
+    from gpushare.planner.fleet import FleetModel, current_hint, host_classes
+    from gpushare.planner.solve import Data
+
+    # Two hosts of 8 GPUs: 7 x 1g.10gb each serve 100 small replicas of 9 types as they are.
+    fleet(_pool(*SMALL, _host("r-01", 8), _host("r-02", 8)))
+    seen = _captured(monkeypatch)
+    small = [{"memory_gib": 4 + k * 0.5, "compute": 0.05, "replicas": 11 + k % 2, "trust": "untrusted"}
+             for k in range(9)]
+    plan = replan(*small, gpus=[{"model": H100}])
+    assert plan.as_json()["changes"]["gpus_reconfigured"] == 0 and plan.as_json()["changes"]["gpus_added"] == 0
+    assert plan.stats["stage_mips"] == 0  # answered by the fleet as it is, without a MIP
+    problem, hosts, addable, max_changes, _ = seen[0]
+    data = Data(problem)
+    classes = host_classes(problem, hosts)
+    adds = [g.index for g in data.configs if g.model.name in addable]
+    hint = current_hint(data, classes, adds)
+    assert hint is not None and not hint.change and not hint.add
+    model = FleetModel(data, classes, list(hint.fills), addable, max_changes)
+    x = model.vector(hint)
+    assert x is not None
+    # HiGHS itself with every column fixed at the start: feasible means it accepts the start.
+    model.h.changeColsBounds(model.total, np.arange(model.total, dtype=np.int32), x, x)
+    model.h.run()
+    assert model.h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+
+
+def test_a_start_that_breaks_a_row_is_not_given(fleet: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpushare.planner.fleet import FleetModel, current_hint, host_classes
+    from gpushare.planner.solve import Data
+
+    fleet(_pool(*SMALL, _host("r-01", 2)))
+    seen = _captured(monkeypatch)
+    replan({"memory_gib": 8, "compute": 0.1, "replicas": 10, "trust": "untrusted"})
+    problem, hosts, addable, max_changes, _ = seen[0]
+    data = Data(problem)
+    classes = host_classes(problem, hosts)
+    hint = current_hint(data, classes, [])
+    assert hint is not None
+    model = FleetModel(data, classes, list(hint.fills), addable, max_changes)
+    assert model.vector(hint) is not None
+    hint.fills = {f: n - 1 for f, n in hint.fills.items()}  # one replica short of the demand
+    assert model.vector(hint) is None
+
+
+def test_a_plan_never_adds_gpus_where_the_fleet_can_change_to_serve(fleet: Any) -> None:
+    # Whole GPUs that cannot be added (no gpus: list): the untrusted 30 GiB replicas need 3g instances, so hosts
+    # must change; the plan from nothing, mapped onto whole hosts, must not round into additions.
+    fleet(_pool(*SMALL, _host("r-01", 8), _host("r-02", 8), _host("r-03", 8)))
+    plan = replan({**UNTRUSTED_30, "replicas": 9}, {"memory_gib": 8, "compute": 0.1, "replicas": 40,
+                                                     "trust": "untrusted"})
+    changes = plan.as_json()["changes"]
+    assert changes["gpus_added"] == 0 and 0 < changes["lower_bound"] <= changes["gpus_reconfigured"] <= 16
