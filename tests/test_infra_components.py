@@ -18,6 +18,8 @@ from gpushare.core import spec
 from gpushare.core.errors import GpushareError
 from gpushare.core.resolve import resolve, resolve_env
 from gpushare.ops.preview import Plan, PlannedResource, collect_plan
+from gpushare.policy.device_plugin import settings_problems
+from gpushare.policy.rules import effective_device_plugin_env, gpu_operator_chart_values
 from gpushare.program.components import operator_values as ov
 from gpushare.render.fleet import render_fleet
 from tests.conftest import ENVIRONMENTS, PROFILES, ROOT, WORKSPACE, pool_named
@@ -345,7 +347,7 @@ def test_every_pool_taint_is_tolerated_by_operands_and_node_feature_discovery() 
     assert ov.untolerated(taints, values["daemonsets"]["tolerations"]) == []
     assert ov.untolerated(taints, values["node-feature-discovery"]["worker"]["tolerations"]) == []
     # The chart's own defaults would leave the pool taints untolerated.
-    defaults = ov.chart_defaults()
+    defaults = gpu_operator_chart_values()
     assert ov.untolerated(taints, defaults["daemonsets"]["tolerations"])
     assert ov.untolerated(taints, defaults["node-feature-discovery"]["worker"]["tolerations"])
 
@@ -367,26 +369,26 @@ def test_toleration_matching_follows_kubernetes(toleration: dict[str, str], tain
 def test_without_cdi_the_device_list_strategy_is_volume_mounts_never_envvar() -> None:
     values = operator_release(plan_of(FIXTURES / "taints.yaml", TAINTS)).inputs["values"]
     assert values["cdi"] == {"enabled": False} and values["mig"] == {"strategy": "single"}
-    effective = ov.effective_device_plugin_env(values)
+    effective = effective_device_plugin_env(values)
     assert effective["DEVICE_LIST_STRATEGY"] == "volume-mounts"
     assert effective["MIG_STRATEGY"] == "single"
     # Left to the operator, the plugin would run with its asset default: envvar.
     bare = {k: v for k, v in values.items() if k != "devicePlugin"}
-    assert ov.effective_device_plugin_env(bare)["DEVICE_LIST_STRATEGY"] == "envvar"
+    assert effective_device_plugin_env(bare)["DEVICE_LIST_STRATEGY"] == "envvar"
     cluster = spec.Cluster(name="lab", kind="bare-metal", kubernetes_version="1.33", mig_strategy="single",
                            cdi=False)
-    assert any("envvar" in p for p in ov.check_effective_device_plugin(bare, cluster))
+    assert any("envvar" in p for p in settings_problems(bare, cluster))
 
 
 def test_cdi_cluster_effective_settings_match_the_configs() -> None:
     values = operator_release(shipped("dev")).inputs["values"]
-    effective = ov.effective_device_plugin_env(values)
+    effective = effective_device_plugin_env(values)
     assert effective["DEVICE_LIST_STRATEGY"] == "cdi-annotations,cdi-cri" and effective["MIG_STRATEGY"] == "mixed"
     cluster = resolve_env("dev").clusters["dev-metal"]
-    assert ov.check_effective_device_plugin(values, cluster) == []
+    assert settings_problems(values, cluster) == []
     wrong = copy.deepcopy(values)
     wrong["mig"]["strategy"] = "single"
-    assert any("MIG_STRATEGY" in p for p in ov.check_effective_device_plugin(wrong, cluster))
+    assert any("MIG_STRATEGY" in p for p in settings_problems(wrong, cluster))
 
 
 def plugin_hash(plan: Plan) -> str:

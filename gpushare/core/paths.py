@@ -70,3 +70,11 @@ def environment_path(env: str) -> Path:
 def default_profiles_dir(env_file: Path) -> Path:
     candidate = env_file.resolve().parent.parent / "profiles"
     return candidate if candidate.is_dir() else project_root() / "profiles"
+
+
+def patch_path(path: Path, workspace: Path | None = None) -> str:
+    """How a patch names `path`: relative to the workspace holding it (or `workspace`), so `git apply` works
+    there; absolute where it lies outside."""
+    path = path.resolve()
+    root = (workspace or find_workspace(path.parent) or project_root()).resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)

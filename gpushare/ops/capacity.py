@@ -625,17 +625,15 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
     from datetime import date
     from pathlib import Path
 
-    from gpushare.core.paths import default_profiles_dir, find_workspace, project_root
+    from gpushare.core.paths import default_profiles_dir, find_workspace, patch_path, project_root
     from gpushare.core.resolve import resolve, resolve_env
     from gpushare.policy import rules as policies
 
     source = fleet.source.resolve()
-    # Patch paths are relative to the workspace that holds the environment file, so `git apply` works there.
-    root = (find_workspace(source.parent) or project_root()).resolve()
-    rel_env = str(source.relative_to(root)) if source.is_relative_to(root) else str(source)
+    root = find_workspace(source.parent) or project_root()  # the profiles' paths too are named from there
+    rel_env = patch_path(source, root)
     profiles_dir = default_profiles_dir(source)
-    rel_profiles = str(profiles_dir.resolve().relative_to(root)) if profiles_dir.resolve().is_relative_to(root) \
-        else str(profiles_dir)
+    rel_profiles = patch_path(profiles_dir, root)
     original = source.read_text()
     limits = guardrails.environment(fleet.environment)
     promotion = resolve_env(limits.promote_from) if limits.promote_from else None

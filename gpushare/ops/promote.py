@@ -32,7 +32,7 @@ from typing import Any
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import Guardrails, duration_seconds, guardrails_path
-from gpushare.core.paths import find_workspace, project_root
+from gpushare.core.paths import default_profiles_dir, patch_path
 from gpushare.core.resolve import (
     DEVICE_PLUGIN_CONFIG_LABEL,
     MIG_CONFIG_LABEL,
@@ -42,7 +42,6 @@ from gpushare.core.resolve import (
     ResolvedFleet,
     ResolvedNode,
     ResolvedPool,
-    default_profiles_dir,
     resolve,
 )
 from gpushare.ops.capacity import Prometheus, Proposal, dump_yaml, roundtrip_yaml
@@ -167,10 +166,7 @@ def propose(source: ResolvedFleet, target: ResolvedFleet, workdir: Path) -> Prom
                             ) from None
     proposal = Proposal()
     if changes:
-        path = target.source.resolve()
-        root = (find_workspace(path.parent) or project_root()).resolve()
-        rel = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-        proposal.files[rel] = (original, text)
+        proposal.files[patch_path(target.source)] = (original, text)
     return Promotion(source, target, candidate, candidate_file, changes, proposal)
 
 

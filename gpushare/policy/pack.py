@@ -11,7 +11,6 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pulumi_policy import (
     EnforcementLevel,
     PolicyResource,
@@ -23,6 +22,7 @@ from pulumi_policy import (
 from gpushare.core.errors import GpushareError
 from gpushare.core.paths import project_root
 from gpushare.core.resolve import resolve, resolve_env
+from gpushare.core.stacks import stack_config
 from gpushare.policy.rules import (
     RULES,
     WAIVER_RULES,
@@ -47,12 +47,8 @@ def stack_of(resources: Iterable[PolicyResource]) -> str | None:
 
 
 def stack_file_config(stack: str) -> dict[str, Any]:
-    """The config of Pulumi.<stack>.yaml."""
-    stack_file = project_root() / f"Pulumi.{stack}.yaml"
-    if not stack_file.exists():
-        raise GpushareError(f"no stack file Pulumi.{stack}.yaml for stack {stack!r}", exit_code=2)
-    config = (yaml.safe_load(stack_file.read_text()) or {}).get("config", {})
-    return config if isinstance(config, dict) else {}
+    """The config of Pulumi.<stack>.yaml, through the one stack-file reader (gpushare.core.stacks)."""
+    return stack_config(stack)[1]
 
 
 def environment_file(stack: str) -> Path:

@@ -23,11 +23,10 @@ from pydantic import Field, field_validator
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import EnvironmentGuardrails, Guardrails, StartsWith, guardrails_path, load_guardrails
-from gpushare.core.paths import project_root
+from gpushare.core.paths import environment_path, project_root
 from gpushare.core.resolve import (
     ResolvedFleet,
     ResolvedNode,
-    environment_path,
     environment_stem,
     resolve,
     resolve_env,

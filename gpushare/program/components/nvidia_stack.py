@@ -15,6 +15,8 @@ from pulumi_kubernetes.helm.v3 import Release, RepositoryOptsArgs
 from gpushare.core import spec
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.resolve import ResolvedFleet
+from gpushare.policy.device_plugin import settings_problems
+from gpushare.policy.rules import gpu_operator_chart_values
 from gpushare.program.components import operator_values as ov
 
 HOST_EXPORTER = "gpushare-dcgm-exporter-host"
@@ -72,7 +74,7 @@ def prepare(args: NvidiaStackArgs) -> PreparedStack:
 def _check(values: dict[str, Any], gpus: ov.ClusterGpus) -> None:
     problems = ov.check_chart_values(values)
     problems += [Problem(msg, fix="fix the cluster's cdi / mig_strategy or drop the devicePlugin.env override")
-                 for msg in ov.check_effective_device_plugin(values, gpus.cluster)]
+                 for msg in settings_problems(values, gpus.cluster)]
     missed = ov.untolerated(gpus.taints, values["daemonsets"]["tolerations"])
     problems += [Problem(f"pool taint {t.key}={t.value}:{t.effect} is not tolerated by the operator's "
                          "daemonsets.tolerations: its operands would never reach those nodes",
@@ -156,7 +158,7 @@ class NvidiaStack(pulumi.ComponentResource):
         if gpus.mixed:
             self._host_exporter(name, values, in_ns, args)
             if cluster.cdi and values["toolkit"]["enabled"]:
-                hook = f"{values['toolkit'].get('installDir', ov.chart_defaults()['toolkit']['installDir'])}" \
+                hook = f"{values['toolkit'].get('installDir', gpu_operator_chart_values()['toolkit']['installDir'])}" \
                        "/toolkit/nvidia-cdi-hook"
                 pulumi.log.warn(
                     f"cluster {cluster.name} mixes Ansible-managed and operator-managed hosts with CDI: the operator "
@@ -168,7 +170,7 @@ class NvidiaStack(pulumi.ComponentResource):
                        args: NvidiaStackArgs) -> None:
         """Mixed clusters: hosts that run DCGM themselves opt out of the operator's exporter and get this one,
         which reads the host engine over the host network."""
-        chart = ov.chart_defaults()["dcgmExporter"]
+        chart = gpu_operator_chart_values()["dcgmExporter"]
         image = f"{chart['repository']}/{chart['image']}:{chart['version']}"
         # The same counters and per-pod settings as the operator's exporter; the host engine replaces its own.
         extra_env = {e["name"]: e["value"] for e in values["dcgmExporter"]["env"]

@@ -23,8 +23,7 @@ from gpushare.core.resolve import (
     device_plugin_content,
     device_plugin_digest,
 )
-from gpushare.policy.device_plugin import device_plugin_values, settings_problems
-from gpushare.policy.rules import effective_device_plugin_env as effective_device_plugin_env  # tests read it here
+from gpushare.policy.device_plugin import device_plugin_values
 from gpushare.policy.rules import gpu_operator_chart_values
 from gpushare.render.fleet import mig_parted_configs
 from gpushare.render.templating import environment as templates
@@ -233,11 +232,6 @@ def with_tolerations(defaults: list[dict[str, Any]], taints: list[spec.Taint]) -
 # ---------------------------------------------------------------- the values
 
 
-def chart_defaults() -> dict[str, Any]:
-    """The pinned chart's values.yaml, read once by the library."""
-    return gpu_operator_chart_values()
-
-
 @cache
 def cluster_policy_spec_schema() -> dict[str, Any]:
     crd = yaml.safe_load(CLUSTER_POLICY_CRD_FILE.read_text())
@@ -274,7 +268,7 @@ def operator_values(fleet: ResolvedFleet, gpus: ClusterGpus, *, device_plugin_ha
     chart's defaults: mig.strategy and cdi.enabled, the operands, the device-plugin env (applied last by the
     operator, so it decides the effective device list strategy), tolerations for every pool taint."""
     cluster = gpus.cluster
-    defaults = chart_defaults()
+    defaults = gpu_operator_chart_values()
     plugin = device_plugin_values(cluster)  # the library's one computation of the plugin's settings
     taints = gpus.taints
     values: dict[str, Any] = {
@@ -329,10 +323,6 @@ def operator_values(fleet: ResolvedFleet, gpus: ClusterGpus, *, device_plugin_ha
 # ---------------------------------------------------------------- checks
 
 
-def check_effective_device_plugin(values: dict[str, Any], cluster: spec.Cluster) -> list[str]:
-    return settings_problems(values, cluster)
-
-
 def _free_form(values_node: Any, schema_node: Any) -> bool:
     """Below this point any key is allowed: an empty map in the chart's values, or an open map in the CRD."""
     if isinstance(values_node, dict) and not values_node and schema_node is None:
@@ -368,7 +358,7 @@ def unknown_chart_keys(values: dict[str, Any]) -> list[str]:
                 continue
             walk(child, values_node.get(key) if isinstance(values_node, dict) else None, child_schema, where)
 
-    walk(values, chart_defaults(), cluster_policy_spec_schema(), "")
+    walk(values, gpu_operator_chart_values(), cluster_policy_spec_schema(), "")
     return found
 
 
