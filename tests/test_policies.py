@@ -105,6 +105,11 @@ def _not_allowed(d: dict[str, Any]) -> None:
     d["tenants"] = []
 
 
+def _quota_above_capacity(d: dict[str, Any]) -> None:
+    d["name"] = "pilot"  # pilot refuses guaranteed quota above what the cluster advertises
+    tenant_named(d, "research")["quota"] = {"nvidia.com/gpu": 400}
+
+
 def _no_quota(d: dict[str, Any]) -> None:
     tenant_named(d, "research")["quota"] = {}
 
@@ -123,6 +128,7 @@ CASES: list[tuple[str, Mutate, str | tuple[str, ...]]] = [
     ("exact-mig-placements", _inferred_placements, "pool a100-inference"),
     ("profile-allowed", _not_allowed, "pool a100-inference, host dev-a100-01"),
     ("tenant-has-quota", _no_quota, "tenant research"),
+    ("tenant-quota-within-capacity", _quota_above_capacity, "tenants[1].quota.nvidia.com/gpu"),
 ]
 
 
