@@ -29,7 +29,6 @@ from gpushare.render.fleet import mig_parted_configs
 from gpushare.render.templating import environment as templates
 
 DATA = package_data_path()
-CHART_VALUES_FILE = DATA / "gpu-operator-values.yaml"
 CLUSTER_POLICY_CRD_FILE = DATA / "crd-nvidia.com_clusterpolicies.yaml"
 
 CHART = "gpu-operator"

@@ -192,14 +192,6 @@ def allocated_gpus_expr(pools: list[ResolvedPool], allocated: str = "gpushare:na
 )"""
 
 
-def resource_gpu_shares_expr(pools: list[ResolvedPool]) -> str:
-    """The gpushare:resource_gpu_share:ratio series as one inline expression (for queries over history)."""
-    parts = [f'label_replace(label_replace(vector({compute:g}), "pool", "{pool}", "", ""), '
-             f'"resource", "{resource}", "", "")'
-             for (pool, resource), (compute, _memory) in resource_gpu_shares(pools).items()]
-    return "(\n  " + "\n  or ".join(parts) + "\n)"
-
-
 def used_gpus_expr(node_pool: str = "gpushare:node_pool:info", compute: str = "gpushare:unit_compute:ratio") -> str:
     """GPU-equivalents busy per namespace and pool, measured: whole GPUs and MIG instances whose DCGM series name
     the pod (GR_ENGINE_ACTIVE, GPU_UTIL only on whole GPUs), weighted by the unit's compute share. Time-sliced
