@@ -503,6 +503,9 @@ def test_installed_monitoring_stack_is_pinned_and_exports_the_node_labels_the_ru
     for label in ("gpushare.io/pool", "gpushare.io/mig-config.state", "nvidia.com/mig.config.state"):
         assert label in allowlist[0]
     (rule,) = plan.of_type(":PrometheusRule")
+    # kube_pod_nodeselectors is opt-in in kube-state-metrics: the rules read it, so the chart must turn it on.
+    assert "kube_pod_nodeselectors" in json.dumps(rule.inputs["spec"])
+    assert kps.inputs["values"]["kube-state-metrics"]["extraArgs"] == ["--metric-opt-in-list=kube_pod_nodeselectors"]
     assert kps.urn in rule.dependencies and kps.urn in operator_release(plan).dependencies
     assert rule.inputs["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     dashboards = [r for r in plan.of_type(":ConfigMap") if r.inputs["metadata"]["labels"].get("grafana_dashboard")]

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
 from gpushare.core.errors import GpushareError
 from gpushare.core.resolve import resolve_env
 from gpushare.ops.preview import collect_plan
 from gpushare.policy.admission import NAMESPACE_POLICIES, POLICIES
-from gpushare.program.components.tenancy import KUEUE_VERSION, check_kueue_values
+from gpushare.program.components.tenancy import KUEUE_VERSION, check_kueue_values, kueue_chart_defaults
 from tests.conftest import ROOT
 from tests.test_infra_components import by_name, dev_config, plan_of, shipped
 
@@ -20,7 +21,14 @@ def test_kueue_is_pinned_with_metrics_on() -> None:
     plan = shipped("dev")
     (kueue,) = [r for r in plan.of_type("helm.sh/v3:Release") if r.inputs["chart"].endswith("/kueue")]
     assert kueue.inputs["version"] == KUEUE_VERSION == "0.19.2"
-    assert kueue.inputs["values"] == {"enablePrometheus": True}
+    values = kueue.inputs["values"]
+    assert values["enablePrometheus"] is True and set(values) == {"enablePrometheus", "managerConfig"}
+    # Pending work per ClusterQueue and resource: the recording rules attribute demand to pools with it.
+    config = yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
+    defaults = yaml.safe_load(kueue_chart_defaults()["managerConfig"]["controllerManagerConfigYaml"])
+    assert config["metrics"] == {**defaults["metrics"], "enableClusterQueueResources": True}
+    assert {k: v for k, v in config.items() if k != "metrics"} == {
+        k: v for k, v in defaults.items() if k != "metrics"}  # nothing else of the chart's configuration changes
     for queue in plan.of_type("kueue.x-k8s.io/v1beta2:ClusterQueue"):
         assert kueue.urn in queue.dependencies
 

@@ -3,6 +3,7 @@ on one that keeps it; waivers and the guardrails file reject bad input."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from datetime import date
@@ -26,7 +27,7 @@ from gpushare.policy.rules import (
     evaluate,
     load_waivers,
 )
-from tests.conftest import PROFILES, WORKSPACE, pool_named, tenant_named
+from tests.conftest import PROFILES, ROOT, WORKSPACE, pool_named, tenant_named
 
 TODAY = date(2026, 11, 30)
 
@@ -318,3 +319,68 @@ def test_tenant_has_queue(dev_data: dict[str, Any], write_env: Any) -> None:
 def test_plan_rules_are_skipped_without_a_plan(dev_data: dict[str, Any], write_env: Any) -> None:
     report = evaluate(context(write_env, dev_data), [], TODAY)
     assert set(report.skipped) == {"gpu-pools-monitored", "tenant-has-queue"}
+
+
+# ---------------------------------------------------------------- DRA clusters (docs/dra.md)
+
+DRA_EXAMPLE = ROOT / "examples" / "environments" / "dra.yaml"
+DRA_MONITORING = {"gpushare:monitoring": {"mode": "install", "release": "kube-prometheus-stack",
+                                          "namespace": "monitoring"}}
+UNTRUSTED_RULE = "untrusted-tenants-hardware-isolated"
+
+
+@functools.cache
+def _dra_plan() -> tuple[PlanResource, ...]:
+    from gpushare.ops.preview import collect_plan
+
+    plan = collect_plan("dra", {"gpushare:environment": str(DRA_EXAMPLE), **DRA_MONITORING})
+    return tuple(PlanResource(r.type, r.name, r.inputs, plan.cluster_of(r)) for r in plan.resources)
+
+
+def _dra_context(change: Callable[[list[PlanResource]], None] | None = None) -> Context:
+    resources = list(_dra_plan())
+    if change is not None:
+        change(resources)
+    return Context(fleet=resolve(DRA_EXAMPLE, PROFILES), guardrails=load_guardrails(), plan=resources)
+
+
+def _template(namespace: str, device_class: str, shares: str | None = None) -> PlanResource:
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
+    if shares is not None:
+        exactly["capacity"] = {"requests": {"shares": shares}}
+    return PlanResource("kubernetes:resource.k8s.io/v1:ResourceClaimTemplate", "extra", {
+        "metadata": {"name": "extra", "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}, "lab-dra")
+
+
+def test_the_dra_example_keeps_untrusted_tenants_isolated() -> None:
+    assert RULES[UNTRUSTED_RULE].run(_dra_context()) == []
+
+
+@pytest.mark.parametrize(("template", "text"), [
+    (_template("partner-eval", "gpushare-notebooks-ts4"), "not a hardware-isolated gpushare class"),
+    (_template("partner-eval", "gpu.nvidia.com"), "not a hardware-isolated gpushare class"),
+    (_template("partner-eval", "gpushare-exclusive", "1"), "takes 1 of the 4 consumable shares"),
+    (_template("partner-eval", "gpushare-exclusive"), "takes None of the 4 consumable shares"),
+])
+def test_untrusted_claim_templates_on_dra_clusters(template: PlanResource, text: str) -> None:
+    violations = RULES[UNTRUSTED_RULE].run(_dra_context(lambda plan: plan.append(template)))
+    assert [v.message for v in violations if text in v.message], violations
+
+
+def test_a_trusted_tenants_shared_template_is_not_a_violation() -> None:
+    context = _dra_context(lambda plan: plan.append(_template("ds-notebooks", "gpushare-notebooks-ts4")))
+    assert RULES[UNTRUSTED_RULE].run(context) == []
+
+
+def test_an_isolated_class_that_shares_its_device_is_a_violation() -> None:
+    def share(plan: list[PlanResource]) -> None:
+        for i, r in enumerate(plan):
+            if r.type.endswith(":DeviceClass") and r.inputs["metadata"]["name"] == "gpushare-exclusive":
+                spec = {**r.inputs["spec"], "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {
+                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                    "sharing": {"strategy": "TimeSlicing"}}}}]}
+                plan[i] = PlanResource(r.type, r.name, {**r.inputs, "spec": spec}, r.cluster)
+
+    (violation,) = RULES[UNTRUSTED_RULE].run(_dra_context(share))
+    assert violation.where == "DeviceClass gpushare-exclusive" and "TimeSlicing" in violation.message

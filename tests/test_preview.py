@@ -24,7 +24,7 @@ from gpushare.ops.preview import (
     run_preview,
     validate_object,
 )
-from tests.conftest import ENVIRONMENTS, pool_named
+from tests.conftest import ENVIRONMENTS, ROOT, pool_named
 from tests.test_infra_components import EKS, FIXTURES, GKE, TAINTS, shipped
 
 runner = CliRunner()
@@ -229,3 +229,37 @@ def test_warnings_are_printed_whole() -> None:
     result = preview("--env", "pilot")
     assert result.exit_code == 0
     assert "nodes=[gpushare.io/pool," in " ".join(result.stdout.split())
+
+
+# ---------------------------------------------------------------- DRA (docs/dra.md)
+
+DRA_EXAMPLE = ROOT / "examples" / "environments" / "dra.yaml"
+
+
+def test_dra_kinds_are_checked_at_the_minors_that_serve_them() -> None:
+    from gpushare.ops.preview import DRA_KUBERNETES_VERSIONS, versions_for
+
+    assert versions_for("v1", KUBERNETES_VERSIONS) == KUBERNETES_VERSIONS
+    assert versions_for("resource.k8s.io/v1", ("1.31", "1.33")) == DRA_KUBERNETES_VERSIONS == ("1.34", "1.37")
+    assert versions_for("resource.k8s.io/v1", ("1.33", "1.35")) == ("1.34", "1.35", "1.37")
+
+
+def test_the_shipped_dra_example_previews_clean(tmp_path: Path) -> None:
+    result = preview("--env", str(DRA_EXAMPLE), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    # The summary says at which minors the DRA kinds were checked (they do not exist before 1.34).
+    assert "DeviceClass, ResourceClaimTemplate at 1.34, 1.37" in " ".join(result.output.split())
+    written = {p.name for p in (tmp_path / "out" / "manifests" / "lab-dra").iterdir()}
+    assert "deviceclass-gpushare-exclusive.yaml" in written
+    assert "resourceclaimtemplate-partner-eval-gpushare-mig-balanced-1g.10gb.yaml" in written
+    assert not (tmp_path / "out" / "manifests" / "lab-plugin" / "deviceclass-gpushare-exclusive.yaml").exists()
+    assert [p.name for p in (tmp_path / "out" / "helm-values" / "lab-dra").iterdir() if "dra" in p.name]
+
+
+def test_a_bad_dra_object_fails_the_preview() -> None:
+    plan = collect_plan(str(DRA_EXAMPLE))
+    (obj,) = [o for o in kubernetes_objects(plan) if o.kind == "DeviceClass"
+              and o.body["metadata"]["name"] == "gpushare-exclusive"]
+    bad = KubernetesObject(obj.cluster, obj.resource, {**obj.body, "spec": {**obj.body["spec"], "selector": []}})
+    errors = validate_object(bad)
+    assert any("selector" in e and "1.34" in e for e in errors) and any("1.37" in e for e in errors)

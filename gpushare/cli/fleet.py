@@ -91,10 +91,57 @@ def _tenant_rows(tenancy: dict[str, ClusterTenancy]) -> list[dict[str, str]]:
 
 
 _TENANTS_TITLE = "tenants: guaranteed (Kueue nominal quota) and borrowable from idle quota"
+_ALLOCATION_TITLE = "GPU allocation per cluster and profile: what each path gives, what does not carry over to DRA"
+# What a profile kind loses or changes on a DRA cluster (docs/dra.md); facts from the driver's and Kueue's sources.
+_DRA_NOT_CARRIED = {
+    "exclusive": ["plain nvidia.com/gpu requests are refused by admission (the driver's own DeviceClass serves "
+                  "them outside gpushare's quota): pods name the claim template"],
+    "time-slicing": ["sharing across pods only through the driver's ConsumableShares (alpha; Kubernetes' "
+                     "DRAConsumableCapacity on the cluster): a claim takes one share, as a replica",
+                     "a claim may ask for part of the GPU's memory, which the scheduler counts but nothing enforces; "
+                     "the device plugin's replicas are equal slices with no memory accounting at all"],
+    "mps": ["refused: MPS shares a GPU across pods only through the device plugin"],
+    "mig": ["Kueue counts each MIG slice as one device, as the plugin's nvidia.com/mig-* resources"],
+    "mig-time-slicing": ["no time-slice interval on MIG devices (the driver's MigDeviceConfig has none)",
+                         "sharing across pods only through ConsumableShares (alpha), one share per claim",
+                         "Kueue counts each MIG slice as one device"],
+}
 
 
-def _plan_tables(fleet: ResolvedFleet, pools: list[dict[str, str]], tenants: list[dict[str, str]]) -> list[Table]:
-    """The wide layout: pools, totals and tenants as tables."""
+def allocation_rows(fleet: ResolvedFleet) -> list[dict[str, str]]:
+    """Per cluster and profile: what the cluster's path gives (resources, or DeviceClasses mapped to the same quota
+    names) and, on DRA clusters, what does not carry over from the device plugin. Empty without a DRA cluster."""
+    from gpushare.core import dra
+
+    if not any(dra.is_dra(c) for c in fleet.clusters.values()):
+        return []
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    for pool in fleet.pools:
+        key = (pool.cluster, pool.profile)
+        if key in rows:
+            continue
+        cluster = fleet.clusters[pool.cluster]
+        row = {"cluster": pool.cluster, "profile": f"{pool.profile} ({pool.sharing})",
+               "path": cluster.gpu_allocation, "gives": _fmt_resources(pool.totals.advertised), "not carried over": "-"}
+        if dra.is_dra(cluster):
+            classes = [c for c in dra.class_plans(fleet, pool.cluster) if c.profile == pool.profile]
+            row["gives"] = "\n".join(f"{c.name} -> quota {c.resource}" for c in classes) or "-"
+            notes = list(_DRA_NOT_CARRIED.get(pool.sharing, []))
+            mode = next(p.mig_mode for p in fleet.env.pools if p.name == pool.name)
+            if pool.sharing in dra.MIG_KINDS and mode == "dynamic":
+                notes.append("dynamic MIG: the driver's DynamicMIG (alpha) makes instances per claim")
+            gates = sorted(g for g in dra.profile_gates(pool.sharing, mode)
+                           if dra.driver_facts().gates[g].maturity == "alpha")
+            if gates:
+                notes.append(f"alpha driver gates: {', '.join(gates)}")
+            row["not carried over"] = "\n".join(notes) or "-"
+        rows[key] = row
+    return list(rows.values())
+
+
+def _plan_tables(fleet: ResolvedFleet, pools: list[dict[str, str]], tenants: list[dict[str, str]],
+                 allocation: list[dict[str, str]] | None = None) -> list[Table]:
+    """The wide layout: pools, totals, tenants and (with a DRA cluster) GPU allocation paths as tables."""
     from rich.table import Table
 
     table = Table(title=f"gpushare plan: {fleet.environment}", show_lines=True)
@@ -117,6 +164,13 @@ def _plan_tables(fleet: ResolvedFleet, pools: list[dict[str, str]], tenants: lis
         for row in tenants:
             tenant_table.add_row(*row.values())
         tables.append(tenant_table)
+    if allocation:
+        paths = Table(title=_ALLOCATION_TITLE, show_lines=True)
+        for col in allocation[0]:
+            paths.add_column(col, overflow="fold")
+        for row in allocation:
+            paths.add_row(*row.values())
+        tables.append(paths)
     return tables
 
 
@@ -141,7 +195,7 @@ def _key_values(console: Console, pairs: dict[str, str], indent: int = 2) -> Non
 
 
 def _print_plan_blocks(console: Console, fleet: ResolvedFleet, pools: list[dict[str, str]],
-                       tenants: list[dict[str, str]]) -> None:
+                       tenants: list[dict[str, str]], allocation: list[dict[str, str]] | None = None) -> None:
     """The narrow layout (a terminal narrower than the tables, or output that is not a terminal)."""
     import textwrap
 
@@ -164,6 +218,11 @@ def _print_plan_blocks(console: Console, fleet: ResolvedFleet, pools: list[dict[
             for line in textwrap.wrap(head, max(40, console.width), subsequent_indent="    "):
                 console.print(line, markup=False, highlight=False, soft_wrap=True)
             _key_values(console, {"guaranteed": row["guaranteed"], "borrowable": row["borrowable"]})
+    if allocation:
+        console.print(f"\n[bold]{_ALLOCATION_TITLE}[/]")
+        for row in allocation:
+            console.print(f"{row['profile']} in {row['cluster']} ({row['path']})", markup=False, soft_wrap=True)
+            _key_values(console, {"gives": row["gives"], "not carried over": row["not carried over"]})
 
 
 def plan_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = False) -> None:
@@ -180,18 +239,21 @@ def plan_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonO
     if as_json:
         shares = {c: {s.tenant.name: {"guaranteed": s.nominal, "borrowable": s.borrowable} for s in ct.shares}
                   for c, ct in tenancy.items()}
-        print(json.dumps({"ok": True, **fleet.as_dict(), "tenancy": shares, "warnings": warnings}, indent=2))
+        extra = {"allocation": allocation_rows(fleet)} if allocation_rows(fleet) else {}
+        print(json.dumps({"ok": True, **fleet.as_dict(), "tenancy": shares, **extra, "warnings": warnings},
+                         indent=2))
         return
     from rich.console import Console
 
     console = Console(highlight=False)
     pools, tenants = [_pool_cells(p) for p in fleet.pools], _tenant_rows(tenancy)
-    tables = _plan_tables(fleet, pools, tenants)
+    allocation = allocation_rows(fleet)
+    tables = _plan_tables(fleet, pools, tenants, allocation)
     if _fits(console, tables):
         for table in tables:
             console.print(table)
     else:
-        _print_plan_blocks(console, fleet, pools, tenants)
+        _print_plan_blocks(console, fleet, pools, tenants, allocation)
     console.print("oversubscription = schedulable GPU resources / hardware units\n"
                   "(a hardware unit is a whole GPU or a MIG instance)")
     for w in warnings:

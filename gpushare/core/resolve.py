@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gpushare.core import spec
+from gpushare.core import dra, spec
 from gpushare.core.catalog import GpuModel, load_catalog
 from gpushare.core.cloud_pools import CloudPool
 from gpushare.core.cloud_pools import refusals as cloud_refusals
@@ -343,6 +343,9 @@ class _Resolver:
             if len(self.problems) > before:
                 self.incomplete_clusters.add(cluster.name)
 
+        for ci, c in enumerate(env.clusters):
+            if dra.is_dra(c) and c.name not in self.incomplete_clusters:
+                self.dra_cluster(c, ci, [n for p in pools if p.cluster == c.name for n in p.nodes])
         tenants = self.tenants(clusters, pools)
         if self.problems:
             raise GpushareError(self.problems)
@@ -373,6 +376,8 @@ class _Resolver:
         if pool.cloud is not None and cluster.kind == "eks" and pool.cloud.sharing == "gke-managed":
             self.err((*ploc, "cloud", "sharing"), "EKS has no GPU sharing of its own",
                      "set sharing: operator (the GPU Operator shares the GPUs)")
+            return None
+        if not self.dra_pool_ok(pool, ploc, cluster):
             return None
 
         nodes: list[ResolvedNode] = []
@@ -443,12 +448,17 @@ class _Resolver:
             return None
 
         gke_managed = pool.cloud is not None and cluster.kind == "gke" and pool.cloud.sharing == "gke-managed"
-        if kind == "mps" and cluster.mig_strategy == "mixed" and not gke_managed:
+        on_dra = dra.is_dra(cluster)
+        if on_dra:
+            for message, fix in dra.profile_refusals(kind, dra.driver_version(cluster)):
+                self.err(profile_loc, f"profile {profile_name!r} in DRA cluster {cluster.name!r}: {message}", fix)
+                return None
+        elif kind == "mps" and cluster.mig_strategy == "mixed" and not gke_managed:
             self.err(profile_loc, f"MPS profile {profile_name!r} in cluster {cluster.name!r}, whose mig_strategy "
                      "is mixed: the device plugin refuses MPS with the mixed strategy",
                      "set the cluster's mig_strategy to single, or use time-slicing here")
             return None
-        if layout is not None and len(layout) > 1 and (cluster.mig_strategy == "single" or gke_managed):
+        if layout is not None and len(layout) > 1 and not on_dra and (cluster.mig_strategy == "single" or gke_managed):
             why = ("GKE's own sharing takes one partition size per pool" if gke_managed else
                    f"cluster {cluster.name!r} uses mig_strategy single, which needs one profile per node")
             self.err(profile_loc, f"profile {profile_name!r} gives {model.name} several MIG profiles "
@@ -460,8 +470,10 @@ class _Resolver:
         advertised = {k: v * gpus for k, v in per_gpu.items()}
         managed_by: Literal["ansible", "gpu-operator", "gke"] = (
             "gke" if gke_managed else "gpu-operator" if pool.cloud is not None else "ansible")
-        mig_config = self.mig_config(profile, model, layout) if model.mig_capable else None
-        dp_config = None if gke_managed else self.device_plugin_config(profile, cluster, layout)
+        # Dynamic MIG: the DRA driver creates instances per claim, so mig-parted must leave the GPU alone.
+        mig_config = self.mig_config(profile, model, layout) if model.mig_capable and (
+            not on_dra or pool.mig_mode == "static") else None
+        dp_config = None if gke_managed or on_dra else self.device_plugin_config(profile, cluster, layout)
 
         env_name = self.env.name
         labels: dict[str, Label] = {
@@ -506,6 +518,109 @@ class _Resolver:
             advertised=advertised, hardware_units=units * gpus, nvswitch=nvswitch,
             containerd_version=containerd, toolkit_version=self.env.defaults.toolkit_version,
         )
+
+    def dra_pool_ok(self, pool: spec.Pool, ploc: tuple[Any, ...], cluster: spec.Cluster) -> bool:
+        """Pool settings a cluster's GPU allocation cannot carry out."""
+        uses_mig = any(self.profiles.get(n, (None,))[0] is not None and self.profiles[n][0].kind in dra.MIG_KINDS
+                       for n in {pool.profile, *(h.profile for h in pool.hosts if h.profile)})
+        if pool.mig_mode == "dynamic" and not dra.is_dra(cluster):
+            self.err((*ploc, "mig_mode"), f"pool {pool.name!r} asks for dynamic MIG, but cluster {cluster.name!r} "
+                     "uses the device plugin, which serves only MIG instances made beforehand",
+                     "set mig_mode: static (or remove it), or set the cluster's gpu_allocation: dra")
+            return False
+        if pool.mig_mode == "dynamic" and not uses_mig:
+            self.err((*ploc, "mig_mode"), f"pool {pool.name!r} asks for dynamic MIG but its profile uses no MIG",
+                     "remove mig_mode, or give the pool a MIG profile")
+            return False
+        if not dra.is_dra(cluster):
+            return True
+        if pool.cloud is not None and pool.cloud.sharing == "gke-managed":
+            self.err((*ploc, "cloud", "sharing"), f"pool {pool.name!r} uses GKE's own device plugin, but cluster "
+                     f"{cluster.name!r} allocates GPUs with DRA", "set sharing: operator, or move the pool to a "
+                     "device-plugin cluster")
+            return False
+        if (cluster.dra_driver.install == "gpu-cluster" and pool.cloud is not None and uses_mig
+                and pool.mig_mode == "static"):
+            self.err((*ploc, "mig_mode"), f"pool {pool.name!r} needs the GPU Operator's mig-manager for static MIG, "
+                     f"a ClusterPolicy operand, but cluster {cluster.name!r} installs the DRA driver through a "
+                     "GPUCluster, which cannot exist beside a ClusterPolicy",
+                     "set the cluster's dra.install: chart, or mig_mode: dynamic")
+            return False
+        return True
+
+    def dra_cluster(self, cluster: spec.Cluster, ci: int, nodes: list[ResolvedNode]) -> None:
+        """A DRA cluster's driver: a known version, gates it has and runs together, one consumable-shares count."""
+        cloc: tuple[Any, ...] = ("clusters", ci)
+        version = dra.driver_version(cluster)
+        for message, fix in dra.version_problems(version):
+            self.err((*cloc, "dra", "version"), f"cluster {cluster.name!r}: {message}", fix)
+            return
+        needed: dict[str, tuple[Any, ...]] = {}  # gate -> where the first profile that needs it is named
+        for pi, name, profile in self.cluster_profiles(cluster):
+            for gate in sorted(dra.profile_gates(profile.kind, self.env.pools[pi].mig_mode)):
+                needed.setdefault(gate, ("pools", pi, "mig_mode") if gate == dra.DYNAMIC_MIG
+                                  else self.profile_site(pi, name))
+        self.dra_shares_agree(cluster)
+        extras = cluster.dra_driver.feature_gates
+        if dra.DYNAMIC_MIG in needed or dra.DYNAMIC_MIG in extras:
+            self.dra_no_static_mig(cluster)
+        for gate, message, fix in dra.gate_problems(version, [*needed, *extras]):
+            where = ((*cloc, "dra", "feature_gates", extras.index(gate)) if gate in extras
+                     else needed.get(gate, (*cloc, "dra", "version")))
+            self.err(where, f"cluster {cluster.name!r}: {message}", fix)
+        for message, fix in dra.mapping_problems(dra.plans_for_nodes(nodes)):
+            self.err((*cloc, "gpu_allocation"), f"cluster {cluster.name!r}: {message}", fix)
+        alpha = dra.alpha_gates([*needed, *extras])
+        if alpha:
+            self.warnings.append(f"cluster {cluster.name}: DRA driver {version} runs alpha feature gates "
+                                 f"{', '.join(alpha)}" + (" (ConsumableShares also needs Kubernetes' "
+                                 "DRAConsumableCapacity feature on the cluster)" if "ConsumableShares" in alpha
+                                 else ""))
+
+    def cluster_profiles(self, cluster: spec.Cluster) -> list[tuple[int, str, Any]]:
+        """(pool index, profile name, profile) for every profile the cluster's pools and hosts name, in file order."""
+        out = []
+        for pi, p in enumerate(self.env.pools):
+            if p.cluster != cluster.name:
+                continue
+            for name in dict.fromkeys([p.profile, *(h.profile for h in p.hosts if h.profile)]):
+                profile = self.profiles.get(name, (None,))[0]
+                if profile is not None:
+                    out.append((pi, name, profile))
+        return out
+
+    def dra_no_static_mig(self, cluster: spec.Cluster) -> None:
+        """With DynamicMIG the driver destroys, on every node of the cluster, MIG devices it did not create."""
+        for pi, _, profile in self.cluster_profiles(cluster):
+            pool = self.env.pools[pi]
+            if profile.kind in dra.MIG_KINDS and pool.mig_mode == "static":
+                self.err(("pools", pi, "mig_mode"), f"pool {pool.name!r} keeps a static MIG layout, but DRA cluster "
+                         f"{cluster.name!r} runs the driver's DynamicMIG gate, which destroys at start every MIG "
+                         "instance it did not create", "set mig_mode: dynamic on every MIG pool of this cluster, "
+                         "or move the dynamic pools (and DynamicMIG) to another DRA cluster")
+
+    def dra_shares_agree(self, cluster: spec.Cluster) -> None:
+        """The driver publishes one consumable-shares count per cluster: its time-slicing profiles must agree."""
+        first: tuple[int, str] | None = None
+        for pi, name, profile in self.cluster_profiles(cluster):
+            if profile.kind not in dra.TIME_SLICED:
+                continue
+            count = profile.time_slicing.replicas
+            if first is None:
+                first = (count, name)
+            elif count != first[0]:
+                self.err(self.profile_site(pi, name), f"profile {name!r} time-slices {count} ways but {first[1]!r} "
+                         f"on the same DRA cluster {cluster.name!r} {first[0]} ways: the driver publishes one "
+                         "consumable-shares count per cluster", "give the time-slicing profiles on this cluster "
+                         "the same replicas, or split them across clusters")
+
+    def profile_site(self, pi: int, name: str) -> tuple[Any, ...]:
+        """Where a pool (or the first of its hosts) names a profile."""
+        pool = self.env.pools[pi]
+        if pool.profile == name:
+            return ("pools", pi, "profile")
+        hi = next(i for i, h in enumerate(pool.hosts) if h.profile == name)
+        return ("pools", pi, "hosts", hi, "profile")
 
     def tenants(self, clusters: dict[str, spec.Cluster], pools: list[ResolvedPool]) -> list[ResolvedTenant]:
         advertised_by_cluster: dict[str, set[str]] = {c: set() for c in clusters}

@@ -37,6 +37,10 @@ RESOURCE_PATTERN = r"^[a-z0-9.-]+/[a-zA-Z0-9._-]+$"
 
 KUBERNETES_MINOR_PATTERN = r"^1\.\d{2}$"
 MIN_KUBERNETES_MINOR = (1, 30)
+# Dynamic Resource Allocation is GA (resource.k8s.io/v1, on by default) from 1.34.
+MIN_DRA_KUBERNETES_MINOR = (1, 34)
+DRA_DRIVER_VERSION_PATTERN = r"^v\d+\.\d+\.\d+$"
+FEATURE_GATE_PATTERN = r"^[A-Z][A-Za-z0-9]{0,62}$"
 # Namespaces that run the cluster or GPU infrastructure: never a tenant's (the Pulumi program adds the ones its
 # stack config names). Every kube-* namespace belongs to Kubernetes itself.
 SYSTEM_NAMESPACES = ("default", "gpu-operator", "kueue-system", "monitoring", "kube-system", "kube-public",
@@ -303,9 +307,26 @@ class Defaults(Strict):
     )
 
 
+class DraDriver(Strict):
+    """How a DRA cluster gets NVIDIA's DRA driver for GPUs."""
+
+    version: Annotated[str, Field(pattern=DRA_DRIVER_VERSION_PATTERN)] | None = Field(
+        None, description="Driver release to pin, e.g. v0.5.0; absent: the one the pinned GPU Operator names.")
+    install: Literal["chart", "gpu-cluster"] = Field(
+        "chart", description="chart: the driver's own Helm chart beside the GPU Operator (its device plugin off); "
+        "gpu-cluster: the GPU Operator's GPUCluster resource (experimental; new clusters only, no ClusterPolicy).")
+    feature_gates: list[Annotated[str, Field(pattern=FEATURE_GATE_PATTERN)]] = Field(
+        default_factory=list, description="Driver feature gates to turn on beyond those the profiles in use need; "
+        "checked against the pinned version (unknown gates and pairs the driver refuses are errors).")
+
+
 class Cluster(Strict):
     name: DnsName
     kind: Literal["bare-metal", "gke", "eks"]
+    gpu_allocation: Literal["device-plugin", "dra"] = Field(
+        "device-plugin", description="How pods get GPUs: the NVIDIA device plugin (extended resources), or Dynamic "
+        "Resource Allocation (DeviceClasses and ResourceClaims; Kubernetes 1.34 or later).")
+    dra: DraDriver | None = Field(None, description="The DRA driver of a cluster with gpu_allocation: dra.")
     mig_strategy: Literal["single", "mixed"] = Field(
         "mixed", description="GPU Operator mig.strategy: cluster-wide; mixed advertises nvidia.com/mig-<profile>."
     )
@@ -326,6 +347,23 @@ class Cluster(Strict):
                           "guards tenant namespaces) became GA", f"upgrade the cluster to {minimum} or later and "
                           "set kubernetes_version to its minor")
         return version
+
+    @model_validator(mode="after")
+    def _dra_needs_its_api(self) -> Cluster:
+        if self.dra is not None and self.gpu_allocation != "dra":
+            raise invalid("a 'dra' block on a cluster whose gpu_allocation is device-plugin does nothing",
+                          "set gpu_allocation: dra, or remove the dra block")
+        if self.gpu_allocation == "dra" and version_tuple(self.kubernetes_version) < MIN_DRA_KUBERNETES_MINOR:
+            minimum = ".".join(str(p) for p in MIN_DRA_KUBERNETES_MINOR)
+            raise invalid(f"gpu_allocation dra needs Kubernetes {minimum} or later (resource.k8s.io/v1), but "
+                          f"kubernetes_version is {self.kubernetes_version}",
+                          f"upgrade the cluster to {minimum} or later, or keep gpu_allocation: device-plugin")
+        return self
+
+    @property
+    def dra_driver(self) -> DraDriver:
+        """The DRA block with its defaults filled in (device-plugin clusters get the defaults too)."""
+        return self.dra if self.dra is not None else DraDriver.model_validate({})
 
 
 class Taint(Strict):
@@ -379,6 +417,11 @@ class Pool(Strict):
     taints: list[Taint] = Field(default_factory=list)
     hosts: list[Host] = Field(default_factory=list)
     cloud: CloudNodes | None = None
+    mig_mode: Literal["static", "dynamic"] = Field(
+        "static", description="MIG on a DRA cluster: static = the profile's layout applied by mig-parted before the "
+        "node takes work; dynamic = the DRA driver creates instances per claim (its DynamicMIG gate, alpha, which "
+        "destroys instances it did not make: all MIG pools of a cluster share one mode). The layout is checked "
+        "either way.")
 
     @model_validator(mode="after")
     def _hosts_or_cloud(self) -> Pool:

@@ -5,13 +5,16 @@ One source of numbers: a tenant's quota in the environment file is its Kueue nom
 ResourceQuota is nominal plus the borrowing limit, so workloads Kueue admits on borrowed quota are not then
 rejected by the API server. Tenant namespaces carry the tenant's Pod Security level (enforce, audit, warn) pinned to
 the cluster's Kubernetes minor. Every GPU resource the cluster advertises appears in every tenant's ResourceQuota
-(0 where the tenant has none): a resource missing from a quota would be unlimited."""
+(0 where the tenant has none): a resource missing from a quota would be unlimited. On DRA clusters the quota also
+counts devices per DeviceClass (the class's resource limit; 0 for the driver's own classes), and Kueue counts claims
+through `device_class_mappings` against the same resource names as on device-plugin clusters."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpushare.core import dra
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.namespaces import PRIORITY_CLASSES, tenant_namespace_labels
@@ -58,6 +61,8 @@ class ClusterTenancy:
     objects: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     over_capacity: list[Problem] = field(default_factory=list)  # guaranteed quota above what the pools advertise
+    # Kueue Configuration resources.deviceClassMappings (DRA clusters only; the Kueue install carries it).
+    device_class_mappings: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _flavors(pools: list[ResolvedPool]) -> list[Flavor]:
@@ -172,7 +177,8 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
     pools = [p for p in fleet.pools if p.cluster == cluster]
     flavors = _flavors(pools)
     shares = _shares(fleet, cluster, flavors)
-    result = ClusterTenancy(cluster=cluster, flavors=flavors, shares=shares)
+    result = ClusterTenancy(cluster=cluster, flavors=flavors, shares=shares,
+                            device_class_mappings=dra.kueue_device_class_mappings(fleet, cluster))
     kubernetes_version = fleet.clusters[cluster].kubernetes_version
     objects = result.objects
     policy = guardrails.tenancy
@@ -208,7 +214,8 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
         objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": t.namespace, "labels": labels}})
         objects.append({"apiVersion": "v1", "kind": "ResourceQuota",
                         "metadata": {"name": QUOTA_NAME, "namespace": t.namespace, "labels": MANAGED},
-                        "spec": {"hard": {f"requests.{r}": str(n) for r, n in share.quota_limit.items()}}})
+                        "spec": {"hard": {**{f"requests.{r}": str(n) for r, n in share.quota_limit.items()},
+                                          **dra.dra_quota_resources(fleet, cluster, t, share.quota_limit)}}})
         d = policy.container_defaults
         objects.append({"apiVersion": "v1", "kind": "LimitRange",
                         "metadata": {"name": LIMIT_RANGE_NAME, "namespace": t.namespace, "labels": MANAGED},

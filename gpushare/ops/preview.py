@@ -30,13 +30,17 @@ from gpushare.policy.rules import PlanResource
 
 # Kubernetes minors every built-in object must validate against (kubernetes-validate bundles 1.25 to 1.37).
 KUBERNETES_VERSIONS = ("1.31", "1.33")
+# DRA objects (resource.k8s.io/v1: DeviceClass, ResourceClaimTemplate) exist from 1.34: checked at 1.34 and the latest.
+DRA_API_GROUP = "resource.k8s.io/"
+DRA_KUBERNETES_VERSIONS = ("1.34", "1.37")
 DATA = package_data_path()
 MARKER = ".gpushare-preview"
 NOT_CHECKED = (
     "This is an offline preview: the Pulumi program ran under the Pulumi SDK's mock engine, which echoes inputs as "
     "outputs; no cluster, cloud API or chart repository was contacted.",
-    "Not checked: Helm chart rendering (the GPU Operator and kube-prometheus-stack charts are not templated here; "
-    "only the GPU Operator values are checked against the pinned chart's values.yaml and ClusterPolicy CRD).",
+    "Not checked: Helm chart rendering (the GPU Operator, DRA driver and kube-prometheus-stack charts are not "
+    "templated here; only the GPU Operator and DRA driver values are checked against the pinned charts' values.yaml "
+    "and the ClusterPolicy CRD).",
     "Not checked: objects the GPU Operator creates at run time (operand DaemonSets, its ServiceMonitor, the node "
     "labels it sets) and the state of the nodes themselves.",
     "Not checked: cloud API validation of GKE node pools and EKS node groups (machine types, accelerator "
@@ -337,6 +341,15 @@ def _unknown_fields(value: Any, schema: Mapping[str, Any], path: str) -> Iterabl
             yield from _unknown_fields(item, schema["items"], f"{path}[{i}]")
 
 
+def versions_for(api_version: str, versions: Iterable[str]) -> tuple[str, ...]:
+    """The minors an object is checked at: DRA kinds at the asked minors that serve them and the DRA ones."""
+    versions = tuple(versions)
+    if not api_version.startswith(DRA_API_GROUP):
+        return versions
+    return tuple(sorted({*(v for v in versions if _minor(v) >= _minor(DRA_KUBERNETES_VERSIONS[0])),
+                         *DRA_KUBERNETES_VERSIONS}, key=_minor))
+
+
 def validate_object(obj: KubernetesObject, versions: Iterable[str] = KUBERNETES_VERSIONS) -> list[str]:
     import jsonschema
 
@@ -351,7 +364,7 @@ def validate_object(obj: KubernetesObject, versions: Iterable[str] = KUBERNETES_
             errors.append(f"{obj.label}: {where.lstrip('.')}: unknown field, the API server would drop it "
                           "(CRD schema)")
         return errors
-    for version in versions:
+    for version in versions_for(key[0], versions):
         validator = _kubernetes_validator(version, *key)
         if validator is None:
             errors.append(f"{obj.label}: no schema for {key[1]} {key[0]} in Kubernetes {version} or the CRDs in "

@@ -9,7 +9,8 @@ refused. Namespace policies keep tenants from editing the labels that decide the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare.core.namespaces import (
@@ -37,6 +38,23 @@ class Deployer:
 
     users: tuple[str, ...] = ()
     groups: tuple[str, ...] = DEFAULT_DEPLOYER_GROUPS
+
+
+@dataclass(frozen=True)
+class DraClaims:
+    """A DRA cluster's claim templates (docs/dra.md): per tenant name, the gpushare templates its pods may
+    reference, and the templates of hardware-isolated profiles, the only ones an untrusted namespace may use."""
+
+    templates: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    isolated: tuple[str, ...] = ()
+
+
+# Who creates a pod's claims from its templates: kube-controller-manager's resource-claim controller, under its own
+# service account (--use-service-account-credentials) or the manager's identity.
+CLAIM_CONTROLLER_USERS = ("system:serviceaccount:kube-system:resource-claim-controller",
+                          "system:kube-controller-manager")
+# The driver's own DeviceClass gpu.nvidia.com maps this extended resource to DRA (extendedResourceName).
+DRA_EXTENDED_RESOURCE = "nvidia.com/gpu"
 
 
 # ---------------------------------------------------------------- workload policies (pods and pod templates)
@@ -263,6 +281,76 @@ POLICIES: dict[str, dict[str, Any]] = {
 }
 
 
+# ---------------------------------------------------------------- DRA clusters (docs/dra.md)
+
+_NO_CLAIMS_POLICY = "gpushare-no-resource-claims"
+_TENANT_NAME = (f"(has(namespaceObject.metadata.labels) && '{TENANT_LABEL}' in namespaceObject.metadata.labels ? "
+                f"namespaceObject.metadata.labels['{TENANT_LABEL}'] : '')")
+
+
+def _strings(values: list[str]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _no_extended_gpu(field: str) -> str:
+    return f"!has(c.resources.{field}) || !('{DRA_EXTENDED_RESOURCE}' in c.resources.{field})"
+
+
+def dra_workload_policies(claims: DraClaims) -> dict[str, dict[str, Any]]:
+    """On DRA clusters these replace gpushare-no-resource-claims: a pod's claims come only from the gpushare
+    templates its tenant may use (pairs `tenant/template`, looked up by the namespace's guarded tenant label)."""
+    pairs = sorted(f"{tenant}/{t}" for tenant, names in claims.templates.items() for t in names)
+    template = "(has(r.resourceClaimTemplateName) ? r.resourceClaimTemplateName : '')"
+    allowed = (f"{template} != '' && (variables.tenantName + '/' + {template}) in {_strings(pairs)} && "
+               f"(!variables.untrusted || {template} in {_strings(sorted(claims.isolated))})")
+    return {
+        "gpushare-dra-claim-templates": {
+            "variables": [{"name": "tenantName", "expression": _TENANT_NAME}],
+            "validations": [{
+                "expression": _each_new("resourceClaims", "r", allowed),
+                "message": "on this DRA cluster a pod's spec.resourceClaims may only name a gpushare claim template "
+                           "its tenant may use (resourceClaimTemplateName gpushare-<profile>; untrusted tenants "
+                           "only those of MIG or exclusive profiles); shared claims (resourceClaimName) are refused. "
+                           "`kubectl get resourceclaimtemplates` in the namespace lists them",
+                "reason": "Forbidden",
+            }],
+        },
+        "gpushare-dra-no-extended-gpu": {
+            "validations": [{
+                "expression": _each_new("containers", "c", f"!has(c.resources) || (({_no_extended_gpu('limits')}) "
+                                                           f"&& ({_no_extended_gpu('requests')}))"),
+                "message": f"on this DRA cluster {DRA_EXTENDED_RESOURCE} is served by the driver's own DeviceClass "
+                           "(extendedResourceName), outside gpushare's profiles and quota: reference a gpushare claim "
+                           "template in spec.resourceClaims instead",
+                "reason": "Forbidden",
+            }],
+        },
+    }
+
+
+def _dra_claims_policy() -> dict[str, Any]:
+    """Tenants create no ResourceClaims or templates of their own: a claim could name any DeviceClass, a template
+    in place of gpushare's could change what `gpushare-<profile>` means. The claim controller and gpushare may."""
+    users = ", ".join(f"'{u}'" for u in CLAIM_CONTROLLER_USERS)
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+                                                "resources": ["resourceclaims", "resourceclaimtemplates"],
+                                                "operations": ["CREATE", "UPDATE"]}]},
+        "matchConditions": [{"name": "not-claim-controller",
+                             "expression": f"!(request.userInfo.username in [{users}])"}],
+        "validations": [{
+            "expression": "false",
+            "message": "ResourceClaims and ResourceClaimTemplates in tenant namespaces come from gpushare: reference "
+                       "a gpushare claim template (gpushare-<profile>) in the pod's spec.resourceClaims",
+            "reason": "Forbidden",
+        }],
+    }
+
+
+DRA_CLAIMS_POLICY = "gpushare-dra-no-tenant-claims"
+
+
 # ---------------------------------------------------------------- namespace policies
 
 def _labels(obj: str) -> str:
@@ -349,26 +437,43 @@ def excluded_namespaces(extra: tuple[str, ...] = ()) -> list[str]:
     return sorted({*SYSTEM_NAMESPACES, *extra})
 
 
-def admission_objects(deployer: Deployer | None = None,
-                      system_namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def workload_policies(dra: DraClaims | None = None) -> dict[str, dict[str, Any]]:
+    """The workload policies of a cluster: device-plugin clusters refuse every claim, DRA clusters judge them."""
+    if dra is None:
+        return POLICIES
+    return {**{k: v for k, v in POLICIES.items() if k != _NO_CLAIMS_POLICY}, **dra_workload_policies(dra)}
+
+
+def _tenant_selector(excluded: list[str], trust: str = ALL_TENANTS) -> dict[str, Any]:
+    return {"namespaceSelector": {"matchExpressions": [
+        {"key": TENANT_LABEL, "operator": "Exists"},
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded},
+        *_trust_selector(trust),
+    ]}}
+
+
+def admission_objects(deployer: Deployer | None = None, system_namespaces: tuple[str, ...] = (),
+                      dra: DraClaims | None = None) -> list[dict[str, Any]]:
     """The ValidatingAdmissionPolicy and binding objects, as Kubernetes manifests. `system_namespaces` adds the
-    namespaces a stack deploys infrastructure into (operator, Kueue, monitoring) to those never selected."""
+    namespaces a stack deploys infrastructure into (operator, Kueue, monitoring) to those never selected; `dra`
+    (DRA clusters only) the claim templates tenants may reference."""
     deployer = deployer or Deployer()
     excluded = excluded_namespaces(system_namespaces)
     out: list[dict[str, Any]] = []
-    for name, policy in POLICIES.items():
+    for name, policy in workload_policies(dra).items():
         out.append(_policy(name, {
             "failurePolicy": "Fail",
             "matchConstraints": {"resourceRules": [dict(r) for r in _WORKLOAD_RULES]},
-            "variables": [dict(v) for v in WORKLOAD_VARIABLES],
+            "variables": [dict(v) for v in (*WORKLOAD_VARIABLES, *policy.get("variables", []))],
             "validations": policy["validations"],
         }))
         for suffix, trust, actions in policy.get("bindings", [("", ALL_TENANTS, ["Deny"])]):
-            out.append(_binding(f"{name}{suffix}", name, actions, {"namespaceSelector": {"matchExpressions": [
-                {"key": TENANT_LABEL, "operator": "Exists"},
-                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded},
-                *_trust_selector(trust),
-            ]}}))
+            out.append(_binding(f"{name}{suffix}", name, actions, _tenant_selector(excluded, trust)))
+    if dra is not None:
+        claims = _dra_claims_policy()
+        claims["matchConditions"].append(_deployer_condition(deployer))
+        out.append(_policy(DRA_CLAIMS_POLICY, claims))
+        out.append(_binding(DRA_CLAIMS_POLICY, DRA_CLAIMS_POLICY, ["Deny"], _tenant_selector(excluded)))
     for name, policy in NAMESPACE_POLICIES.items():
         conditions = [dict(_TENANT_NAMESPACE_CONDITION)]
         if policy["deployer_exempt"]:

@@ -198,7 +198,8 @@ def _resource_isolation(fleet: ResolvedFleet) -> dict[tuple[str, str], set[tuple
 @rule("untrusted-tenants-hardware-isolated", "mandatory",
       "Untrusted tenants get quota only on hardware-isolated resources (MIG instances or whole GPUs): no "
       "resource they are guaranteed or may borrow is also served by a time-sliced, MPS or GKE-managed shared pool, "
-      "and their Kueue ClusterQueue can neither hold nor borrow from the cohort anything on a shared flavor.",
+      "and their Kueue ClusterQueue can neither hold nor borrow from the cohort anything on a shared flavor. On DRA "
+      "clusters their claim templates request only MIG or exclusive DeviceClasses (taking every consumable share).",
       "give the tenant MIG or whole-GPU quota and borrowing limits only; set rename_by_default so shared replicas "
       "are advertised as <resource>.shared and a quota can tell them apart")
 def _untrusted(ctx: Context) -> Iterator[Finding]:
@@ -237,6 +238,77 @@ def _untrusted(ctx: Context) -> Iterator[Finding]:
             if where not in seen:
                 seen.add(where)
                 yield where, f"{source} {message}"
+    yield from _untrusted_claims(ctx, untrusted)
+
+
+def _untrusted_claims(ctx: Context, untrusted: set[str]) -> Iterator[Finding]:
+    """DRA clusters: what untrusted tenants' claim templates request, in gpushare's objects and the plan's."""
+    from gpushare.core import dra
+
+    seen: set[str] = set()
+    for name, cluster in ctx.fleet.clusters.items():
+        if not dra.is_dra(cluster):
+            continue
+        plans = dra.class_plans(ctx.fleet, name)
+        isolated = {p.name for p in plans if p.hardware_isolated}
+        shares = dra.consumable_shares(ctx.fleet, name)
+        tenants = [t for t in ctx.fleet.tenants if t.name in untrusted and name in t.clusters]
+        namespaces = {t.namespace: t.name for t in tenants}
+        templates: list[tuple[Mapping[str, Any], str]] = [
+            (obj, "gpushare's") for t in tenants for obj in dra.claim_templates(ctx.fleet, name, t)]
+        templates += [(r.inputs, "the plan's") for r in ctx.plan_of("resource.k8s.io/v1:ResourceClaimTemplate")
+                      if r.cluster in (name, "-")]
+        for template, source in templates:
+            for where, message in claim_template_findings(template, isolated, shares, namespaces):
+                if where not in seen:
+                    seen.add(where)
+                    yield where, f"{source} {message}"
+        for r in ctx.plan_of("resource.k8s.io/v1:DeviceClass"):
+            if r.cluster in (name, "-") and (r.inputs.get("metadata") or {}).get("name") in isolated:
+                yield from device_class_findings(r.inputs)
+
+
+def _claim_requests(template: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every device request of a ResourceClaimTemplate: `exactly` ones and each firstAvailable alternative."""
+    requests = ((((template.get("spec") or {}).get("spec") or {}).get("devices") or {}).get("requests") or [])
+    out: list[Mapping[str, Any]] = []
+    for request in requests:
+        if isinstance(request, Mapping):
+            out += [request["exactly"]] if request.get("exactly") else list(request.get("firstAvailable") or [])
+    return out
+
+
+def claim_template_findings(template: Mapping[str, Any], isolated: set[str], shares: int | None,
+                            namespaces: Mapping[str, str]) -> Iterator[Finding]:
+    """An untrusted tenant's ResourceClaimTemplate requests only gpushare's hardware-isolated DeviceClasses, and
+    where the cluster's devices take consumable shares, all of them: a claim taking fewer lets shared claims join."""
+    meta = template.get("metadata") or {}
+    tenant = namespaces.get(str(meta.get("namespace")))
+    if tenant is None:
+        return
+    where = f"tenant {tenant}, ResourceClaimTemplate {meta.get('name')}"
+    for request in _claim_requests(template):
+        device_class = request.get("deviceClassName")
+        took = ((request.get("capacity") or {}).get("requests") or {}).get("shares")
+        if device_class not in isolated:
+            yield where, (f"ResourceClaimTemplate {meta.get('name')} in untrusted tenant {tenant}'s namespace "
+                          f"requests DeviceClass {device_class}, which is not a hardware-isolated gpushare class "
+                          "(MIG or exclusive)")
+        elif shares is not None and str(took) != str(shares):
+            yield where, (f"ResourceClaimTemplate {meta.get('name')} of untrusted tenant {tenant} takes {took} of the "
+                          f"{shares} consumable shares of its device: time-sliced claims could share that GPU")
+
+
+def device_class_findings(device_class: Mapping[str, Any]) -> Iterator[Finding]:
+    """A DeviceClass gpushare counts as hardware-isolated carries no time-slicing or MPS sharing config."""
+    name = (device_class.get("metadata") or {}).get("name")
+    for entry in (device_class.get("spec") or {}).get("config") or []:
+        params = ((entry or {}).get("opaque") or {}).get("parameters") or {}
+        strategy = (params.get("sharing") or {}).get("strategy") if isinstance(params, Mapping) else None
+        if strategy in ("TimeSlicing", "MPS"):
+            yield (f"DeviceClass {name}",
+                   f"DeviceClass {name} is one untrusted tenants may claim, but its config shares the device "
+                   f"({strategy})")
 
 
 def _quantity(value: Any) -> float | None:

@@ -9,9 +9,10 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from gpushare.core import spec
+from gpushare.core import dra, spec
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet, host_opt_outs
+from gpushare.program.components import dra_driver
 from gpushare.program.components import monitoring as mon
 from gpushare.program.components import operator_values as ov
 from gpushare.program.components.node_pool import GpuNodePool, GpuNodePoolArgs, node_pool_inputs
@@ -31,6 +32,7 @@ class ClusterPlan:
     pools: list[GpuNodePoolArgs]
     nvidia: NvidiaStackArgs
     tenancy: TenancyArgs
+    dra: dra_driver.DraDriverArgs | None = None  # DRA clusters only
 
 
 def plan_cluster(fleet: ResolvedFleet, cluster: spec.Cluster, stack: StackConfig, guardrails: Guardrails,
@@ -58,7 +60,12 @@ def plan_cluster(fleet: ResolvedFleet, cluster: spec.Cluster, stack: StackConfig
                           infrastructure_namespaces=(ov.NAMESPACE, monitoring.namespace),
                           deployer=stack.deployer.identity())
     prepare_tenancy(tenancy)
-    return ClusterPlan(cluster, context, monitoring_args, pool_args, nvidia, tenancy)
+    driver = None
+    if dra.is_dra(cluster):
+        driver = dra_driver.DraDriverArgs(fleet=fleet, cluster=cluster, gpus=ov.ClusterGpus.of(fleet, cluster),
+                                          protect=stack.protect)
+        dra_driver.prepare(driver)
+    return ClusterPlan(cluster, context, monitoring_args, pool_args, nvidia, tenancy, driver)
 
 
 def register_cluster(fleet: ResolvedFleet, plan: ClusterPlan) -> None:
@@ -75,4 +82,9 @@ def register_cluster(fleet: ResolvedFleet, plan: ClusterPlan) -> None:
     for a in plan.pools:
         if a.pool.cloud is not None:
             GpuNodePool(f"{name}-{a.pool.name}", replace(a, after=[nvidia.release]))
-    Tenancy(f"{name}-tenancy", replace(plan.tenancy, provider=provider))
+    tenancy_after: list[pulumi.Resource] = []
+    if plan.dra is not None:
+        # After the operator (driver, toolkit); tenants' claim templates name the classes it registers.
+        tenancy_after.append(dra_driver.DraDriver(f"{name}-dra", replace(plan.dra, provider=provider,
+                                                                         after=[nvidia.release])))
+    Tenancy(f"{name}-tenancy", replace(plan.tenancy, provider=provider, after=tenancy_after))

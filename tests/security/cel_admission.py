@@ -17,6 +17,8 @@ RESOURCES = {
     "Pod": ("", "pods"), "Namespace": ("", "namespaces"), "Deployment": ("apps", "deployments"),
     "StatefulSet": ("apps", "statefulsets"), "DaemonSet": ("apps", "daemonsets"),
     "ReplicaSet": ("apps", "replicasets"), "Job": ("batch", "jobs"), "CronJob": ("batch", "cronjobs"),
+    "ResourceClaim": ("resource.k8s.io", "resourceclaims"),
+    "ResourceClaimTemplate": ("resource.k8s.io", "resourceclaimtemplates"),
 }
 
 

@@ -45,6 +45,8 @@ class PulumiSteps(Protocol):
 class Kubectl(Protocol):
     def node(self, context: str | None, name: str) -> dict[str, Any]: ...
 
+    def resource_slices(self, context: str | None, node: str) -> list[dict[str, Any]]: ...
+
     def cordon(self, context: str | None, name: str) -> None: ...
 
     def uncordon(self, context: str | None, name: str) -> None: ...
@@ -163,6 +165,13 @@ class Kube:
     def node(self, context: str | None, name: str) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads(self._run(context, "get", "node", name, "-o", "json"))
         return doc
+
+    def resource_slices(self, context: str | None, node: str) -> list[dict[str, Any]]:
+        """The ResourceSlices DRA drivers publish for one node (resource.k8s.io/v1, Kubernetes 1.34+)."""
+        doc = json.loads(self._run(context, "get", "resourceslices.resource.k8s.io",
+                                   f"--field-selector=spec.nodeName={node}", "-o", "json"))
+        items: list[dict[str, Any]] = doc.get("items", [])
+        return items
 
     def cordon(self, context: str | None, name: str) -> None:
         self._run(context, "cordon", name)

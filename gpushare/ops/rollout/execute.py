@@ -10,12 +10,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpushare.core.resolve import ResolvedFleet
+from gpushare.core.dra import is_dra
+from gpushare.core.resolve import ResolvedFleet, ResolvedNode
 from gpushare.ops.rollout.adapters import AnsibleRunner, HostOutcome, Kubectl, PulumiSteps
 from gpushare.ops.rollout.journal import Journal
 from gpushare.ops.rollout.plan import BATCH_PLAYBOOK, GATE_PLAYBOOK, RolloutPlan, Step
 
 ROLLOUT_STATE_LABEL = "gpushare.io/rollout-state"
+DRA_DRIVER = "gpu.nvidia.com"  # the driver name NVIDIA's DRA driver publishes its ResourceSlices under
 
 
 @dataclass
@@ -50,6 +52,34 @@ def advertised_mismatch(expected: dict[str, int], node: dict[str, Any]) -> list[
         if have is None or int(str(have)) != count:
             out.append(f"{resource}: {have if have is not None else 'absent'} (expected {count})")
     return out
+
+
+def _slice_attribute(device: dict[str, Any], driver: str, name: str) -> str | None:
+    """A device attribute as the driver publishes it: unqualified (the driver's own domain) or `<driver>/<name>`."""
+    attributes = device.get("attributes") or {}
+    value = attributes.get(name, attributes.get(f"{driver}/{name}"))
+    return None if not isinstance(value, dict) else value.get("string")
+
+
+def published_mismatch(node: ResolvedNode, slices: list[dict[str, Any]], driver: str = DRA_DRIVER) -> list[str]:
+    """On a DRA cluster: differences between the devices the fleet expects on a node and those the DRA driver
+    publishes in the node's ResourceSlices (whole GPUs, or the MIG instances of a static layout). With dynamic MIG
+    the driver makes instances per claim, so only the GPUs themselves are counted."""
+    counts: dict[str, int] = {}
+    for item in slices:
+        body = item.get("spec") or {}
+        if body.get("driver") != driver or body.get("nodeName") != node.name:
+            continue
+        for device in body.get("devices") or []:
+            kind = _slice_attribute(device, driver, "type")
+            key = f"mig {_slice_attribute(device, driver, 'profile')}" if kind == "mig" else str(kind)
+            counts[key] = counts.get(key, 0) + 1
+    if node.mig_layout and node.mig_config is not None:  # a static layout: mig-parted made the instances
+        expected = {f"mig {p}": n * node.gpus_per_node for p, n in node.mig_layout.items()}
+    else:
+        expected = {"gpu": node.gpus_per_node}
+    return [f"{key.replace('mig ', 'MIG ')} devices: {counts.get(key, 0)} published (expected {n})"
+            for key, n in sorted(expected.items()) if counts.get(key, 0) != n]
 
 
 def _context(fleet: ResolvedFleet, host: str) -> str | None:
@@ -176,20 +206,37 @@ class _Execution:
         while pending:
             for host in list(pending):
                 node = next(n for n in fleet.nodes if n.name == host)
-                mismatches[host] = advertised_mismatch(node.advertised, kube.node(_context(fleet, host), host))
+                mismatches[host] = self._mismatch(node, kube)
                 if not mismatches[host]:
                     pending.remove(host)
-                    self.event("gate", batch=index, host=host, gate="device-plugin", passed=True, detail="")
+                    self.event("gate", batch=index, host=host, gate=self._gate_name(node), passed=True, detail="")
             if not pending or time.monotonic() >= deadline:
                 break
             time.sleep(self.poll_interval)
         failed = []
         for host in pending:
             detail = "; ".join(mismatches[host])
-            self.event("gate", batch=index, host=host, gate="device-plugin", passed=False, detail=detail)
-            failed.append(HostOutcome(host, False, "device-plugin", "the device plugin does not advertise the "
-                                      f"expected resources after {self.gate_timeout:g} s: {detail}"))
+            node = next(n for n in fleet.nodes if n.name == host)
+            gate = self._gate_name(node)
+            what = ("the DRA driver does not publish the expected devices" if gate == "dra-driver" else
+                    "the device plugin does not advertise the expected resources")
+            self.event("gate", batch=index, host=host, gate=gate, passed=False, detail=detail)
+            failed.append(HostOutcome(host, False, gate, f"{what} after {self.gate_timeout:g} s: {detail}"))
         return failed
+
+    def _on_dra(self, node: ResolvedNode) -> bool:
+        cluster = next((c for c in self.plan.fleet.env.clusters if c.name == node.cluster), None)
+        return cluster is not None and is_dra(cluster)
+
+    def _gate_name(self, node: ResolvedNode) -> str:
+        return "dra-driver" if self._on_dra(node) else "device-plugin"
+
+    def _mismatch(self, node: ResolvedNode, kube: Kubectl) -> list[str]:
+        """Device-plugin clusters: the node's allocatable resources; DRA clusters: the driver's ResourceSlices."""
+        context = _context(self.plan.fleet, node.name)
+        if self._on_dra(node):
+            return published_mismatch(node, kube.resource_slices(context, node.name))
+        return advertised_mismatch(node.advertised, kube.node(context, node.name))
 
     def mark_failed(self, index: int, outcome: HostOutcome, changed: int) -> None:
         """Journal the failure; with kubectl, the node stays cordoned and labelled failed."""

@@ -32,9 +32,17 @@ def node_labels_allowlist() -> str:
     return f"nodes=[{','.join(monitoring.kube_state_metrics_label_allowlist())}]"
 
 
+# Opt-in kube-state-metrics series the rules read: a pending pod's node selector attributes it to one pool.
+KSM_OPT_IN = ("kube_pod_nodeselectors",)
+
+
+def ksm_opt_in_arg() -> str:
+    return f"--metric-opt-in-list={','.join(KSM_OPT_IN)}"
+
+
 def kps_values() -> dict[str, Any]:
     return {
-        "kube-state-metrics": {"metricLabelsAllowlist": [node_labels_allowlist()]},
+        "kube-state-metrics": {"metricLabelsAllowlist": [node_labels_allowlist()], "extraArgs": [ksm_opt_in_arg()]},
         "grafana": {"sidecar": {"dashboards": {
             "enabled": True, "label": DASHBOARD_LABEL, "labelValue": "1", "searchNamespace": "ALL"}}},
     }
@@ -91,7 +99,8 @@ class Monitoring(pulumi.ComponentResource):
         else:
             pulumi.log.warn(
                 f"cluster {args.cluster.name}: kube-prometheus-stack release {settings.release!r} already exists, so "
-                f"its kube-state-metrics allowlist cannot be checked here; it must include {node_labels_allowlist()}")
+                f"its kube-state-metrics allowlist cannot be checked here; it must include {node_labels_allowlist()} "
+                f"and run with {ksm_opt_in_arg()}")
         after = pulumi.ResourceOptions.merge(k8s, pulumi.ResourceOptions(
             depends_on=[self.prerequisite] if self.prerequisite else []))
         CustomResource(f"{name}-rules", api_version=rule["apiVersion"], kind=rule["kind"],

@@ -12,11 +12,12 @@ from pulumi_kubernetes.apps.v1 import DaemonSet
 from pulumi_kubernetes.core.v1 import ConfigMap, Namespace, ResourceQuota, Service
 from pulumi_kubernetes.helm.v3 import Release, RepositoryOptsArgs
 
-from gpushare.core import spec
+from gpushare.core import dra, spec
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.policy.device_plugin import settings_problems
 from gpushare.policy.rules import gpu_operator_chart_values
+from gpushare.program.components import dra_driver
 from gpushare.program.components import operator_values as ov
 
 HOST_EXPORTER = "gpushare-dcgm-exporter-host"
@@ -66,6 +67,8 @@ def prepare(args: NvidiaStackArgs) -> PreparedStack:
         fleet, gpus, device_plugin_hash=ov.content_hash(dp_data),
         mig_parted_hash=ov.content_hash(mig_data) if mig_data else None,
         dcgm_counters_hash=ov.content_hash(counters), monitoring_release=args.monitoring_release)
+    if dra.is_dra(cluster):
+        values = dra_driver.operator_values(values, fleet, cluster)
     values = ov.merge_site_values(values, args.site_values)
     _check(values, gpus)
     return PreparedStack(gpus, dp_data, mig_data, counters, values, _driver_installer(args, gpus))

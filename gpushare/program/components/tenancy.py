@@ -16,19 +16,24 @@ from pulumi_kubernetes.admissionregistration.v1 import ValidatingAdmissionPolicy
 from pulumi_kubernetes.apiextensions import CustomResource
 from pulumi_kubernetes.core.v1 import LimitRange, Namespace, ResourceQuota
 from pulumi_kubernetes.helm.v3 import Release
+from pulumi_kubernetes.resource.v1 import ResourceClaimTemplate
 from pulumi_kubernetes.scheduling.v1 import PriorityClass
 
-from gpushare.core import spec
+from gpushare.core import dra, spec
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.core.tenancy import ClusterTenancy, cluster_tenancy
-from gpushare.policy.admission import Deployer, admission_objects
+from gpushare.policy.admission import Deployer, DraClaims, admission_objects
 from gpushare.program.stack_config import KueueSettings
 
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 KUEUE_VERSION = "0.19.2"
 KUEUE_VALUES = {"enablePrometheus": True}  # Kueue exposes no metrics unless asked (docs/nvidia-stack.md)
+# Kueue v0.19.2 pkg/config/validation.go: at most 16 mappings of at most 8 classes, names qualified (63 after a /).
+KUEUE_MAX_MAPPINGS = 16
+KUEUE_MAX_CLASSES_PER_MAPPING = 8
+QUALIFIED_NAME_MAX = 63
 
 
 @cache
@@ -57,6 +62,46 @@ class TenancyArgs:
     infrastructure_namespaces: tuple[str, ...] = ()
     deployer: Deployer = field(default_factory=Deployer)
     provider: pulumi.ProviderResource | None = None
+    # DRA clusters: the driver and its DeviceClasses, which tenants' claim templates name.
+    after: list[pulumi.Resource] = field(default_factory=list)
+
+
+def kueue_values(fleet: ResolvedFleet, cluster: spec.Cluster) -> dict[str, Any]:
+    """Kueue's chart values: its Configuration exports pending work per ClusterQueue and resource (the recording
+    rules and `gpushare capacity` attribute demand to pools with it); on DRA clusters it also maps each gpushare
+    DeviceClass to the quota name the device-plugin path uses for the same profile, so one quota counts on both."""
+    config = yaml.safe_load(kueue_chart_defaults()["managerConfig"]["controllerManagerConfigYaml"])
+    config["metrics"] = {**config.get("metrics", {}), "enableClusterQueueResources": True}
+    mappings = dra.kueue_device_class_mappings(fleet, cluster.name)
+    if mappings:
+        config["resources"] = {**config.get("resources", {}), "deviceClassMappings": mappings}
+    return {**KUEUE_VALUES, "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(config, sort_keys=False)}}
+
+
+def device_class_mapping_problems(mappings: list[dict[str, Any]]) -> list[Problem]:
+    """What Kueue's configuration validation would refuse at start-up (the manager would not run)."""
+    fix = "use fewer profiles on this DRA cluster, or shorter profile names"
+    problems = []
+    if len(mappings) > KUEUE_MAX_MAPPINGS:
+        problems.append(Problem(f"Kueue takes at most {KUEUE_MAX_MAPPINGS} deviceClassMappings; this DRA cluster "
+                                f"needs {len(mappings)} quota names", fix=fix))
+    for m in mappings:
+        if len(m["deviceClassNames"]) > KUEUE_MAX_CLASSES_PER_MAPPING:
+            problems.append(Problem(f"Kueue maps at most {KUEUE_MAX_CLASSES_PER_MAPPING} DeviceClasses to one "
+                                    f"resource; {m['name']} would get {len(m['deviceClassNames'])}", fix=fix))
+        problems += [Problem(f"DeviceClass {c} is longer than the {QUALIFIED_NAME_MAX} characters Kueue accepts in "
+                             "deviceClassMappings", fix=fix)
+                     for c in m["deviceClassNames"] if len(c) > QUALIFIED_NAME_MAX]
+    return problems
+
+
+def dra_claims(fleet: ResolvedFleet, cluster: spec.Cluster) -> DraClaims | None:
+    """What admission lets tenants' pods claim on a DRA cluster; None on device-plugin clusters."""
+    if not dra.is_dra(cluster):
+        return None
+    templates = {t.name: tuple(sorted(dra.allowed_templates(fleet, cluster.name, t))) for t in fleet.tenants}
+    isolated = tuple(p.name for p in dra.class_plans(fleet, cluster.name) if p.hardware_isolated)
+    return DraClaims(templates={k: v for k, v in templates.items() if v}, isolated=isolated)
 
 
 def system_namespace_problems(args: TenancyArgs) -> list[Problem]:
@@ -75,7 +120,8 @@ def system_namespace_problems(args: TenancyArgs) -> list[Problem]:
 
 def prepare(args: TenancyArgs) -> ClusterTenancy:
     """The cluster's tenancy objects, checked before any resource exists."""
-    problems = check_kueue_values(KUEUE_VALUES) + system_namespace_problems(args)
+    problems = check_kueue_values(kueue_values(args.fleet, args.cluster)) + system_namespace_problems(args)
+    problems += device_class_mapping_problems(dra.kueue_device_class_mappings(args.fleet, args.cluster.name))
     if problems:
         raise GpushareError(problems)
     tenancy = cluster_tenancy(args.fleet, args.cluster.name, args.guardrails)
@@ -109,7 +155,14 @@ class Tenancy(pulumi.ComponentResource):
         if args.kueue.mode == "install":
             kueue.append(Release(
                 f"{name}-kueue", name="kueue", chart=KUEUE_CHART, version=KUEUE_VERSION,
-                namespace=args.kueue.namespace, create_namespace=True, values=KUEUE_VALUES, opts=k8s))
+                namespace=args.kueue.namespace, create_namespace=True,
+                values=kueue_values(args.fleet, args.cluster), opts=k8s))
+        elif dra.kueue_device_class_mappings(args.fleet, args.cluster.name):
+            pulumi.log.warn(f"cluster {args.cluster.name} runs its own Kueue: add gpushare's deviceClassMappings "
+                            "(`gpushare plan`, docs/dra.md) to its Configuration, or DRA workloads stay inadmissible")
+        else:
+            pulumi.log.info(f"cluster {args.cluster.name} runs its own Kueue: set metrics.enableClusterQueueResources "
+                            "in its Configuration, or capacity splits pending work evenly (docs/capacity.md)")
 
         namespaces: dict[str, pulumi.Resource] = {}
         for obj in tenancy.objects:
@@ -139,8 +192,9 @@ class Tenancy(pulumi.ComponentResource):
                 else:
                     TopLevelCustomResource(res_name, obj, crd_opts)
 
+        self._claim_templates(name, args, namespaces, k8s)
         excluded = (*args.infrastructure_namespaces, args.kueue.namespace)
-        for obj in admission_objects(args.deployer, excluded):
+        for obj in admission_objects(args.deployer, excluded, dra_claims(args.fleet, args.cluster)):
             res_name = f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}"
             if obj["kind"] == "ValidatingAdmissionPolicy":
                 ValidatingAdmissionPolicy(res_name, metadata=_meta(obj), spec=obj["spec"], opts=k8s)
@@ -148,3 +202,14 @@ class Tenancy(pulumi.ComponentResource):
                 ValidatingAdmissionPolicyBinding(res_name, metadata=_meta(obj), spec=obj["spec"], opts=k8s)
         self.register_outputs({"tenants": [s.tenant.name for s in tenancy.shares],
                                "kueue": args.kueue.mode})
+
+    def _claim_templates(self, name: str, args: TenancyArgs, namespaces: dict[str, pulumi.Resource],
+                         k8s: pulumi.ResourceOptions) -> None:
+        """DRA clusters: in each tenant namespace, the claim templates of the classes the tenant may use."""
+        for tenant in args.fleet.tenants:
+            for obj in dra.claim_templates(args.fleet, args.cluster.name, tenant):
+                meta = obj["metadata"]
+                after = [*args.after, *([namespaces[meta["namespace"]]] if meta["namespace"] in namespaces else [])]
+                ResourceClaimTemplate(f"{name}-claimtemplate-{meta['namespace']}-{meta['name']}", metadata=meta,
+                                      spec=obj["spec"],
+                                      opts=pulumi.ResourceOptions.merge(k8s, pulumi.ResourceOptions(depends_on=after)))
