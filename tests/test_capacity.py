@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from gpushare.cli import app
 from gpushare.core.guardrails import load_guardrails
 from gpushare.core.mig import check_layout, layout_from_counts
-from gpushare.core.resolve import resolve
+from gpushare.core.resolve import ResolvedFleet, resolve
 from gpushare.ops.capacity import GIB, MigEvidence, PoolEvidence, Recommendation, recommend
 from tests.conftest import PROFILES
 from tests.prometheus.scenarios import PoolLoad, Scenario, backfill
@@ -58,7 +58,49 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     day = 86400
     end = (int(time.time()) - 600 - day // 2) // day * day + day // 2
     backfill(_scenario(end), work, data)
+    # Earlier spans of the same TSDB (one server for the module): shared demand, and an exporter without Hostname.
+    backfill(_shared_demand(end - SHARED_DEMAND_AGO), work, data)
+    backfill(_no_hostname(end - NO_HOSTNAME_AGO), work, data)
+    backfill(_node_gap(end - NODE_GAP_AGO), work, data)
     return data, end
+
+
+SHARED_DEMAND_AGO, NO_HOSTNAME_AGO, NODE_GAP_AGO = 86400, 2 * 86400, 3 * 86400
+NODE_GAP = (20 * 60, 100 * 60)  # seconds into the node-gap scenario's two hours: under-2's exporter sent nothing
+
+
+def _shared_demand(end: int) -> Scenario:
+    """Two pending workloads in tenant-inference's queue, which reaches ts-underused and ts-membound (both serve
+    nvidia.com/gpu.shared), and two unschedulable pods asking for mig-3g.40gb, which only mig-idle has, where the
+    3g.40gb instances are saturated and the 4g.40gb ones idle."""
+    return Scenario(start=end - 2 * 3600, end=end, pools=[
+        PoolLoad("ts-underused", "NVIDIA L40S", 46068, {"under-1": 2, "under-2": 2}, "inference", util=0.3,
+                 replicas=2, pod_memory_mib=4096, resource="nvidia_com_gpu_shared", queue="tenant-inference",
+                 pending=2, wait_seconds=2400),
+        PoolLoad("ts-membound", "NVIDIA L40S", 46068, {"membound-1": 4}, "inference", util=0.1, replicas=2,
+                 pod_memory_mib=4096, resource="nvidia_com_gpu_shared"),
+        PoolLoad("mig-idle", "NVIDIA H100 80GB HBM3", 81559, {"mig-1": 2, "mig-2": 2}, "llm", util=0.05,
+                 swing=0.01, mig={"4g.40gb": (1, 40448), "3g.40gb": (1, 40448)}, pod_memory_mib=3072,
+                 mig_util={"3g.40gb": 0.99}, unschedulable=("nvidia_com_mig_3g_40gb", 2)),
+    ])
+
+
+def _node_gap(end: int) -> Scenario:
+    """ts-underused over two hours, with under-2's dcgm-exporter silent for 80 minutes in the middle; one workload
+    in tenant-inference's queue asks for 3 nvidia.com/gpu.shared, as Kueue reports with enableClusterQueueResources."""
+    start = end - 2 * 3600
+    return Scenario(start=start, end=end, pools=[
+        PoolLoad("ts-underused", "NVIDIA L40S", 46068, {"under-1": 2, "under-2": 2}, "inference", util=0.3,
+                 replicas=2, pod_memory_mib=4096, resource="nvidia_com_gpu_shared",
+                 dcgm_gap=(start + NODE_GAP[0], start + NODE_GAP[1], "under-2"), queue="tenant-inference",
+                 pending=1, pending_resources={"nvidia.com/gpu.shared": 3, "cpu": 8})])
+
+
+def _no_hostname(end: int) -> Scenario:
+    """dcgm-exporter started with --no-hostname: its series carry no Hostname label."""
+    return Scenario(start=end - 3600, end=end, pools=[
+        PoolLoad("ts-underused", "NVIDIA L40S", 46068, {"under-1": 2}, "inference", util=0.3, replicas=2,
+                 resource="nvidia_com_gpu_shared", hostname=False)])
 
 
 @pytest.fixture(scope="module")
@@ -128,13 +170,8 @@ def test_idle_mig_pool_gets_smaller_instances_that_pass_the_mig_check(report: di
     assert check_layout(model, layout_from_counts(proposed), 580).ok
 
 
-@pytest.mark.slow  # a real Prometheus server over backfilled series
-def test_patch_is_written_not_applied_and_resolves(report: dict[str, Any], tmp_path: Path) -> None:
-    text = (Path(report["_out"]) / "dev.patch").read_text()
-    assert ENV.read_text() == (ROOT / "tests" / "prometheus" / "capacity" / "dev.yaml").read_text()
-    assert "+++ b/tests/prometheus/capacity/dev.yaml" in text
-    assert "profiles/mig-idle-mig.yaml" in text
-    # Apply the patch to copies and resolve them: every proposed layout and quota holds.
+def _apply_patch(text: str, tmp_path: Path) -> ResolvedFleet:
+    """Apply the patch to copies of the environment and profiles and resolve them: every layout and quota holds."""
     import subprocess
 
     # Paths in the patch are relative to the workspace holding the environment file (this checkout).
@@ -147,7 +184,16 @@ def test_patch_is_written_not_applied_and_resolves(report: dict[str, Any], tmp_p
     applied = subprocess.run(["patch", "-p1", "--no-backup-if-mismatch"], input=text, cwd=tmp_path, text=True,
                              capture_output=True, check=False)
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    fleet = resolve(tmp_path / "tests" / "prometheus" / "capacity" / "dev.yaml", profiles)
+    return resolve(tmp_path / "tests" / "prometheus" / "capacity" / "dev.yaml", profiles)
+
+
+@pytest.mark.slow  # a real Prometheus server over backfilled series
+def test_patch_is_written_not_applied_and_resolves(report: dict[str, Any], tmp_path: Path) -> None:
+    text = (Path(report["_out"]) / "dev.patch").read_text()
+    assert ENV.read_text() == (ROOT / "tests" / "prometheus" / "capacity" / "dev.yaml").read_text()
+    assert "+++ b/tests/prometheus/capacity/dev.yaml" in text
+    assert "profiles/mig-idle-mig.yaml" in text
+    fleet = _apply_patch(text, tmp_path)
     assert fleet.pool("mig-idle").nodes[0].mig_layout == _pool(report, "mig-idle")["mig_layout_proposed"]
     llm = next(t for t in fleet.tenants if t.name == "llm")
     assert "nvidia.com/mig-4g.40gb" not in llm.quota
@@ -198,7 +244,7 @@ def test_no_data_in_the_window_is_an_error_not_a_number(prometheus: tuple[str, i
     result = runner.invoke(app, ["capacity", "--env", str(ENV), "--prometheus", url, "--window", "1h",
                                  "--end", str(end - 30 * 86400), "--json"])
     assert result.exit_code == 1
-    assert "no GPU utilization for any pool" in json.loads(result.stdout)["errors"][0]
+    assert "has no DCGM utilization series" in json.loads(result.stdout)["errors"][0]
 
 
 @pytest.mark.slow  # a real Prometheus server over backfilled series
@@ -279,3 +325,280 @@ def test_recording_rules_give_the_same_recommendations(backfilled: tuple[Path, i
                                                                           abs=0.02)
         for key in ("replicas_proposed", "gpus_proposed", "mig_layout_proposed"):
             assert b[key] == a[key], (pool, key)
+
+
+# ---------------------------------------------------------------- the proposal: independent pools, grouped changes
+
+
+def _two_mig_pools(tmp_path: Path) -> Path:
+    """dev with a second MIG pool like mig-idle in the same cluster: both advertise mig-3g.40gb and mig-4g.40gb."""
+    data = yaml.safe_load(ENV.read_text())
+    data["pools"].insert(3, {"name": "mig-idle-b", "cluster": "metal-a", "purpose": "inference",
+                             "gpu_model": "NVIDIA H100 80GB HBM3", "profile": "mig-llm-serving",
+                             "hosts": [{"name": "migb-1", "address": "10.98.4.1", "gpu_count": 2}]})
+    env = tmp_path / "environments" / "dev.yaml"
+    env.parent.mkdir()
+    env.write_text(yaml.safe_dump(data, sort_keys=False))
+    (tmp_path / "profiles").mkdir()
+    for path in PROFILES.glob("*.yaml"):
+        (tmp_path / "profiles" / path.name).write_text(path.read_text())
+    return env
+
+
+def _idle_mig(pool: str) -> PoolEvidence:
+    return PoolEvidence(pool, coverage=1.0, utilization_mean=0.05, utilization_p95=0.06, mig={
+        p: MigEvidence(p, 1, 0.05, 3 * GIB, 1) for p in ("4g.40gb", "3g.40gb")})
+
+
+def test_two_mig_pools_dropping_one_resource_move_its_quota_together(tmp_path: Path) -> None:
+    from gpushare.ops.capacity import propose
+
+    fleet = resolve(_two_mig_pools(tmp_path), tmp_path / "profiles")
+    evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
+    evidence.update({p: _idle_mig(p) for p in ("mig-idle", "mig-idle-b")})
+    recs = recommend(fleet, load_guardrails(), evidence, "7d")
+    proposal = propose(fleet, load_guardrails(), recs)
+    assert set(proposal.applied) == {"mig-idle", "mig-idle-b"} and not proposal.withheld
+    text = next(new for rel, (_old, new) in proposal.files.items() if rel.endswith("dev.yaml"))
+    llm = next(t for t in yaml.safe_load(text)["tenants"] if t["name"] == "llm")
+    assert not any(k in llm["quota"] for k in ("nvidia.com/mig-3g.40gb", "nvidia.com/mig-4g.40gb")), llm["quota"]
+    # The same hardware share: every 3g and 4g instance became smaller ones, and the quota followed.
+    assert sum(llm["quota"].values()) > 8
+
+
+def test_a_change_that_does_not_resolve_is_withheld_and_the_rest_is_written(tmp_path: Path) -> None:
+    from gpushare.ops.capacity import CapacityReport, Proposal, propose
+
+    fleet = resolve(_two_mig_pools(tmp_path), tmp_path / "profiles")
+    g = load_guardrails()
+    evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
+    evidence["mig-idle"] = _idle_mig("mig-idle")
+    evidence["ts-underused"] = PoolEvidence("ts-underused", coverage=1.0, utilization_mean=0.1, utilization_p95=0.15,
+                                            allocated_mean=8, allocated_p95=8, replica_memory_p95_bytes=4 * GIB)
+    recs = recommend(fleet, g, evidence, "7d")
+    broken = next(rc for rc in recs if rc.pool == "mig-idle-b")
+    # A layout that cannot fit (4 + 3 + 3 compute slices of 7), as if from a bug: it must not hold the others back.
+    broken.mig_layout_proposed, broken.gpus_proposed, broken.gaps = {"4g.40gb": 1, "3g.40gb": 2}, broken.gpus_now, []
+    proposal = propose(fleet, g, recs)
+    assert "mig-idle-b" in proposal.withheld and "ts-underused" in proposal.applied and "mig-idle" in proposal.applied
+    assert "gpushare-capacity-" not in proposal.withheld["mig-idle-b"]  # never a temporary path
+    assert "environments/dev.yaml" in proposal.withheld["mig-idle-b"]
+    assert "profiles/mig-idle-b-mig.yaml" not in proposal.patch and "profiles/mig-idle-mig.yaml" in proposal.patch
+    # The summary equals the patch: GPUs freed are those of the pools whose change is in it.
+    report = CapacityReport(fleet, "7d", 0.0, "raw", evidence, recs, proposal, tmp_path / "p.patch", 0.0, 0)
+    assert report.gpus_freed == sum(rc.gpus_freed for rc in recs if rc.pool in proposal.applied)
+    under = next(rc for rc in recs if rc.pool == "ts-underused")
+    assert under.gpus_freed == 2 and "host under-2 leaves the pool (2 GPUs freed)" in under.notes
+    assert "-      - {name: under-2" in proposal.patch or "under-2" in proposal.patch
+    empty = Proposal()
+    assert CapacityReport(fleet, "7d", 0.0, "raw", evidence, recs, empty, tmp_path / "p.patch", 0.0, 0).gpus_freed == 0
+
+
+# ---------------------------------------------------------------- both directions for every sharing kind
+
+
+def _mig_rec(**figures: Any) -> Recommendation:
+    fleet = resolve(ENV, PROFILES)
+    evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
+    evidence["mig-idle"] = PoolEvidence("mig-idle", coverage=1.0, **figures)
+    return next(r for r in recommend(fleet, load_guardrails(), evidence, "7d") if r.pool == "mig-idle")
+
+
+def test_saturated_mig_instances_grow_and_a_queueing_pool_gets_gpus() -> None:
+    """3g.40gb instances at 100% p95 with 40-minute waits: a larger instance (room from the idle 4g.40gb) and GPUs."""
+    rec = _mig_rec(utilization_mean=0.6, utilization_p95=1.0, pending_mean=3, queue_wait_seconds=2400, mig={
+        "4g.40gb": MigEvidence("4g.40gb", 4, 0.1, 5 * GIB, 4), "3g.40gb": MigEvidence("3g.40gb", 4, 1.0, 20 * GIB, 4)})
+    model = resolve(ENV, PROFILES).pool("mig-idle").nodes[0].gpu_model
+    proposed = rec.mig_layout_proposed
+    assert proposed and max(model.profiles[p].compute_slices for p in proposed) > 3
+    assert check_layout(model, layout_from_counts(proposed), 580).ok
+    assert rec.gpus_proposed is not None and rec.gpus_proposed > rec.gpus_now
+    assert any("saturated (100% busy at p95)" in x for x in rec.reasons)
+    assert any("the pool queues (3.0 pending, waits up to 40 min)" in x for x in rec.reasons)
+    # Quotas follow the hardware: llm's 4 x 3g.40gb and 4 x 4g.40gb become 4 x 7g.80gb (3/7 + 4/7 of each).
+    from gpushare.ops.capacity import propose
+
+    proposal = propose(resolve(ENV, PROFILES), load_guardrails(), [rec])
+    assert proposal.applied == ["mig-idle"] and "quota: {nvidia.com/mig-7g.80gb: 4}" in proposal.patch
+    assert "workloads that ask for nvidia.com/mig-4g.40gb must ask for nvidia.com/mig-7g.80gb" in rec.notes
+
+
+def test_mig_instances_near_their_framebuffer_get_more_memory() -> None:
+    rec = _mig_rec(utilization_mean=0.3, utilization_p95=0.4, mig={
+        "4g.40gb": MigEvidence("4g.40gb", 4, 0.1, 5 * GIB, 4),
+        "3g.40gb": MigEvidence("3g.40gb", 4, 0.4, 0.97 * 40 * GIB, 4)})
+    model = resolve(ENV, PROFILES).pool("mig-idle").nodes[0].gpu_model
+    proposed = rec.mig_layout_proposed
+    assert proposed and "3g.40gb" not in proposed
+    assert max(model.profiles[p].memory_gib for p in proposed) > 40
+    assert any("near their framebuffer (38.8 of " in x and "7g.80gb" in x for x in rec.reasons)
+    assert rec.gpus_proposed == rec.gpus_now  # no queue: no more GPUs
+    from gpushare.ops.capacity import relieves
+
+    assert relieves(rec)  # combined before savings, queue or not
+
+
+def test_busy_but_quickly_admitted_work_adds_no_gpus() -> None:
+    """Pending workloads admitted within monitoring.queue_wait_seconds: busy, not queued."""
+    fleet = resolve(ENV, PROFILES)
+    evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
+    evidence["ts-contended"] = PoolEvidence("ts-contended", coverage=1.0, utilization_mean=0.5, utilization_p95=0.6,
+                                            allocated_mean=16, allocated_p95=16, pending_mean=4, queue_wait_seconds=60,
+                                            replica_memory_p95_bytes=4 * GIB)
+    rec = next(r for r in recommend(fleet, load_guardrails(), evidence, "7d") if r.pool == "ts-contended")
+    assert rec.gpus_proposed is not None and rec.gpus_proposed <= rec.gpus_now
+    assert not any("queues" in x for x in rec.reasons)
+
+
+def test_durations_and_counts_read_as_people_write_them() -> None:
+    from gpushare.core.coverage import coverage_gaps, gaps_text
+    from gpushare.ops.capacity import duration_text
+    from gpushare.ops.promote import _days, _num
+
+    assert [duration_text(s) for s in (45, 2400, 5400, 7200, 172800)] == ["45 s", "40 min", "1.5 h", "2 h", "2 d"]
+    assert _days(1800) == "30 min" and _days(7 * 86400) == "7.0 d"
+    assert _num({"value": [0, "1.00024"]}) == "1" and _num({"value": [0, "2.97"]}) == "3"
+    gaps = coverage_gaps([0, 3600, 7200, 5 * 3600], 0, 6 * 3600, 3600)
+    assert [g.text() for g in gaps] == ["no data 1970-01-01 02:00 UTC to 1970-01-01 04:00 UTC (2 h)",
+                                        "no data 1970-01-01 05:00 UTC to 1970-01-01 06:00 UTC (1 h)"]
+    assert gaps[0].as_dict() == {"from": "1970-01-01T02:00:00Z", "to": "1970-01-01T04:00:00Z", "seconds": 7200}
+    assert gaps_text(gaps, shown=1) == "no data 1970-01-01 02:00 UTC to 1970-01-01 04:00 UTC (2 h) and 1 more gaps"
+    assert coverage_gaps([0, 3600], 0, 3600, 3600) == []
+
+
+# ------------------------------------------------------- demand attribution and join diagnosis (real Prometheus)
+
+
+def _capacity(url: str, end: int, window: str, tmp_path: Path) -> tuple[int, dict[str, Any]]:
+    result = runner.invoke(app, ["capacity", "--env", str(ENV), "--prometheus", url, "--window", window,
+                                 "--end", str(end), "--json", "--patch", str(tmp_path / "p.patch")])
+    return result.exit_code, json.loads(result.stdout)
+
+
+@pytest.mark.slow  # a real Prometheus server over backfilled series
+def test_one_queue_reaching_two_pools_counts_its_work_once(prometheus: tuple[str, int], tmp_path: Path) -> None:
+    url, end = prometheus
+    code, data = _capacity(url, end - SHARED_DEMAND_AGO, "2h", tmp_path)
+    assert code == 0, data
+    pending = {p["pool"]: p["evidence_figures"]["pending_mean"] for p in data["pools"]}
+    # Two workloads in a queue that reaches two pools: one in each, not two in each.
+    assert pending["ts-underused"] == pytest.approx(1) and pending["ts-membound"] == pytest.approx(1)
+    # Pods asking for mig-3g.40gb count only in the pool that advertises it.
+    assert pending["mig-idle"] == pytest.approx(2)
+    assert pending["ts-contended"] is None
+    # The saturated, queueing MIG pool grows: a larger instance where the idle one was, and more GPUs.
+    mig = _pool(data, "mig-idle")
+    assert mig["mig_layout_proposed"] == {"7g.80gb": 1} and mig["gpus_proposed"] > mig["gpus_now"]
+    assert any("3g.40gb instances are saturated" in x for x in mig["reasons"])
+    assert any("the pool queues (2.0 pending, waits up to 2 h)" in x for x in mig["reasons"]), mig["reasons"]
+    # Every change holds alone, not all together (fewer MIG instances and more replicas pass the environment's
+    # oversubscription limit). Relief for the queueing pool is combined first, then the savings: the growth is in
+    # the written patch, and the change that would break the limit is withheld with that reason.
+    assert mig["in_patch"] and mig["withheld"] is None and _pool(data, "ts-underused")["in_patch"]
+    membound = _pool(data, "ts-membound")
+    assert not membound["in_patch"]
+    assert "holds alone but not together with mig-idle, ts-underused" in membound["withheld"]
+    assert "oversubscription-limit" in membound["withheld"]
+    fleet = _apply_patch((tmp_path / "p.patch").read_text(), tmp_path)
+    assert fleet.pool("mig-idle").nodes[0].mig_layout == {"7g.80gb": 1}
+    assert fleet.pool("ts-membound").profile == "inference-ts2"
+    llm = next(t for t in fleet.tenants if t.name == "llm")
+    assert llm.quota == {"nvidia.com/mig-7g.80gb": 4}  # 4 x (3/7 + 4/7) of the replaced instances
+
+
+@pytest.mark.slow  # a real Prometheus server over backfilled series
+def test_dcgm_series_without_hostname_name_the_missing_label(prometheus: tuple[str, int], tmp_path: Path) -> None:
+    url, end = prometheus
+    code, data = _capacity(url, end - NO_HOSTNAME_AGO, "1h", tmp_path)
+    assert code == 1
+    error = data["errors"][0]
+    assert "DCGM series have no Hostname label" in error and 'UUID="GPU-under-1-0"' in error
+    assert "--no-hostname" in error and "DCGM_EXPORTER_NO_HOSTNAME" in error and "NODE_NAME" in error
+
+
+def test_nodes_with_little_or_no_data_are_named() -> None:
+    fleet = resolve(ENV, PROFILES)
+    evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
+    evidence["ts-contended"] = PoolEvidence("ts-contended", coverage=0.9, utilization_mean=0.5, utilization_p95=0.6,
+                                            allocated_mean=8, allocated_p95=8, replica_memory_p95_bytes=4 * GIB,
+                                            node_coverage={"busy-1": 0.3})
+    rec = next(r for r in recommend(fleet, load_guardrails(), evidence, "7d") if r.pool == "ts-contended")
+    assert "node busy-1 reported in 30% of the window (capacity.min_coverage 50%): its GPUs count only while they " \
+           "reported" in rec.notes
+    assert "node busy-2 sent no DCGM series in the window" in rec.notes
+
+
+@pytest.mark.slow  # a real Prometheus server over backfilled series
+def test_a_node_with_a_gap_is_named_with_its_dates(prometheus: tuple[str, int], tmp_path: Path) -> None:
+    import calendar
+
+    from gpushare.core.coverage import Gap
+
+    url, end = prometheus
+    at = end - NODE_GAP_AGO
+    code, data = _capacity(url, at, "2h", tmp_path)
+    assert code == 0, data
+    pool = _pool(data, "ts-underused")
+    gaps = pool["evidence_figures"]["node_gaps"]
+    assert list(gaps) == ["under-2"] and len(gaps["under-2"]) == 1, gaps  # under-1 reported throughout
+    gap = gaps["under-2"][0]
+    start = at - 2 * 3600
+    began = calendar.timegm(time.strptime(gap["from"], "%Y-%m-%dT%H:%M:%SZ"))
+    # Dated to the step (5 min) where the silence began, and as long as it (give or take a step and a lookback).
+    assert abs(began - (start + NODE_GAP[0])) <= 300 and abs(gap["seconds"] - 80 * 60) <= 600, gap
+    note = next(n for n in pool["notes"] if n.startswith("node under-2 reported in"))
+    assert f"({Gap(began, began + gap['seconds']).text()})" in note, note
+    # Kueue's pending requests per resource: 3 replicas over the two pools the queue reaches that advertise them
+    # (not the one workload split in two).
+    pending = {p["pool"]: p["evidence_figures"]["pending_mean"] for p in data["pools"]}
+    assert pending["ts-underused"] == pytest.approx(1.5) and pending["ts-membound"] == pytest.approx(1.5)
+    assert pending["mig-idle"] is None
+
+
+def _time_sliced_mig(tmp_path: Path, layout: str = "all-smallest") -> ResolvedFleet:
+    """dev with mig-idle on time-sliced MIG instances (all-smallest: 1g.10gb x7 on H100), each shared by two pods."""
+    env = _two_mig_pools(tmp_path)
+    (tmp_path / "profiles" / "mig-ts2.yaml").write_text(yaml.safe_dump({
+        "name": "mig-ts2", "kind": "mig-time-slicing", "mig": {"layout": layout}, "time_slicing": {"replicas": 2}}))
+    data = yaml.safe_load(env.read_text())
+    data["pools"] = [p for p in data["pools"] if p["name"] != "mig-idle-b"]
+    next(p for p in data["pools"] if p["name"] == "mig-idle")["profile"] = "mig-ts2"
+    next(t for t in data["tenants"] if t["name"] == "llm")["quota"] = {"nvidia.com/mig-1g.10gb.shared": 8}
+    env.write_text(yaml.safe_dump(data, sort_keys=False))
+    return resolve(env, tmp_path / "profiles")
+
+
+def test_saturated_time_sliced_mig_instances_grow_with_the_same_replicas(tmp_path: Path) -> None:
+    from gpushare.ops.capacity import propose
+
+    fleet = _time_sliced_mig(tmp_path)
+    evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
+    evidence["mig-idle"] = PoolEvidence("mig-idle", coverage=1.0, utilization_mean=0.6, utilization_p95=1.0,
+                                        pending_mean=3, queue_wait_seconds=2400,
+                                        mig={"1g.10gb": MigEvidence("1g.10gb", 28, 1.0, 9.5 * GIB, 28)})
+    rec = next(r for r in recommend(fleet, load_guardrails(), evidence, "7d") if r.pool == "mig-idle")
+    model = fleet.pool("mig-idle").nodes[0].gpu_model
+    proposed = rec.mig_layout_proposed
+    assert proposed and max(model.profiles[p].compute_slices for p in proposed) >= 2
+    assert check_layout(model, layout_from_counts(proposed), 580).ok
+    # Never more replicas: memory-bound work gets a larger instance, not a thinner share of one.
+    assert rec.replicas_proposed == rec.replicas_now == 2 and rec.mig_grows
+    assert any("1g.10gb instances are saturated (100% busy at p95)" in x for x in rec.reasons)
+    # Three waiting pods over 2 replicas of each proposed instance: one more GPU.
+    assert rec.gpus_proposed == rec.gpus_now + 1
+    proposal = propose(fleet, load_guardrails(), [rec])
+    assert proposal.applied == ["mig-idle"], proposal.withheld
+    profile = yaml.safe_load(next(new for rel, (_old, new) in proposal.files.items() if rel.endswith("-mig.yaml")))
+    assert profile["kind"] == "mig-time-slicing" and profile["time_slicing"]["replicas"] == 2
+
+
+def test_idle_time_sliced_mig_instances_are_not_split_and_say_why(tmp_path: Path) -> None:
+    fleet = _time_sliced_mig(tmp_path, "balanced")
+    layout = fleet.pool("mig-idle").nodes[0].mig_layout or {}
+    assert "3g.40gb" in layout  # a plain MIG pool this idle would split it (test_idle_mig_pool_gets_smaller_...)
+    evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
+    evidence["mig-idle"] = PoolEvidence("mig-idle", coverage=1.0, utilization_mean=0.05, utilization_p95=0.06,
+                                        mig={p: MigEvidence(p, 4 * n, 0.05, 1 * GIB, 2) for p, n in layout.items()})
+    rec = next(r for r in recommend(fleet, load_guardrails(), evidence, "7d") if r.pool == "mig-idle")
+    assert rec.mig_layout_proposed is None and not rec.changes
+    assert any("idle, but not split: their 2 replicas already share each one" in x for x in rec.reasons), rec.reasons

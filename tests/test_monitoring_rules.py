@@ -228,3 +228,14 @@ def test_bad_monitoring_and_capacity_policy_is_an_error(tmp_path: Path, section:
     with pytest.raises(GpushareError) as info:
         load_guardrails(path)
     assert any(text in str(p) for p in info.value.problems), [str(p) for p in info.value.problems]
+
+
+def test_pending_demand_counts_once_in_the_pools_that_can_run_it(tmp_path: Path) -> None:
+    """tests/promtool/attribution/: a queue reaching four pools, a MIG instance two pools have, pods pinned by their
+    gpushare.io/pool node selector; the contended alert fires only where the demand is."""
+    fleet = resolve(MONITORING_ENV.parent / "attribution-test.yaml", PROFILES)
+    (tmp_path / "rules.yaml").write_text(prometheus_rules_file(fleet, load_guardrails()))
+    test = ROOT / "tests" / "promtool" / "attribution" / "attribution.test.yaml"
+    (tmp_path / test.name).write_text(test.read_text())
+    result = run_promtool("test", "rules", test.name, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -56,6 +56,8 @@ def histories(root: Path) -> dict[str, History]:
     add("queue", 16, wait_seconds=1800)
     add("ecc-and-app-xid", 16, ecc_dbe=((end - 5 * DAY, "pilot-l40s-01"),),
         xids=((end - 4 * DAY, "pilot-a100-02", 13),))
+    # pilot-h100-02's exporter was silent for two days inside the 14-day window (it reported before and after).
+    add("gap", 16, dcgm_gap=(end - 6 * DAY, end - 4 * DAY, "pilot-h100-02"))
     return out
 
 
@@ -164,7 +166,8 @@ def test_ecc_errors_fail_and_application_xids_fail_unless_ignored(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, report = reports["ecc-and-app-xid"]
     assert code == 1 and failing(report) == {"ecc", "xid"}
-    assert "double-bit ECC errors on GPU-pilot-l40s-01-0" in gates(report, "ecc")[0]["detail"]
+    # increase() extrapolates (1.0x errors); a count prints as a whole number.
+    assert "1 double-bit ECC errors on GPU-pilot-l40s-01-0" in gates(report, "ecc")[0]["detail"]
     assert "XID 13" in gates(report, "xid")[0]["detail"]
     # With the application XID 13 in promotion.ignored_xids only ECC fails.
     g = load_guardrails(root / "policies" / "guardrails.yaml")
@@ -173,6 +176,19 @@ def test_ecc_errors_fail_and_application_xids_fail_unless_ignored(
     h = histories["ecc-and-app-xid"]
     result = {x.gate: x for x in health_gates(Prometheus(prometheus), h.fleet, lenient, h.end)}
     assert result["xid"].passed and not result["ecc"].passed
+
+
+def test_a_two_day_gap_inside_the_window_fails_and_names_its_dates(
+        reports: dict[str, tuple[int, dict[str, Any]]], histories: dict[str, History]) -> None:
+    code, report = reports["gap"]
+    assert code == 1 and failing(report) == {"xid", "ecc"}
+    h = histories["gap"]
+    detail = gates(report, "xid")[0]["detail"]
+    assert gates(report, "xid")[0]["measured"] == "no evidence"
+    assert "pilot-h100-02 (" in detail and "of the window (promotion.min_coverage 95%)" in detail
+    first, last = time.gmtime(h.end - 6 * DAY), time.gmtime(h.end - 4 * DAY)
+    assert f"no data {time.strftime('%Y-%m-%d', first)}" in detail
+    assert f"to {time.strftime('%Y-%m-%d', last)}" in detail and "(2 d)" in detail
 
 
 def test_before_any_history_there_is_no_evidence(root: Path, prometheus: str, histories: dict[str, History]) -> None:

@@ -54,6 +54,12 @@ def capacity_command(
     source: Annotated[str, typer.Option("--source", help="auto: gpushare's recording rules where they cover the "
                                         "window, else raw exporter series; or force recorded / raw.")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    backfill_rules: Annotated[Path | None, typer.Option(
+        "--backfill-rules", help="Instead of recommending: write what gpushare's recording rules would have recorded "
+        "over the window (promtool, pass by pass) as TSDB blocks into this folder; plain Prometheus only.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(
+        "--data-dir", help="With --backfill-rules: the server's data folder (--storage.tsdb.path) to move the "
+        "blocks into, so every pass runs in one go.")] = None,
 ) -> None:
     """Recommend time-slicing replicas, MIG layouts and pool sizes from Prometheus data; write a patch for review."""
     from rich.console import Console
@@ -64,6 +70,9 @@ def capacity_command(
 
     started = time.perf_counter()
     console = Console(stderr=True, highlight=False)
+    if backfill_rules is not None or data_dir is not None:
+        _backfill(env, prometheus, window, end, backfill_rules, data_dir, as_json, console)
+        return
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                       transient=True, disable=as_json) as progress:
@@ -105,7 +114,8 @@ def capacity_command(
         util = "no data" if r.utilization_now is None else f"{r.utilization_now:.0%}"
         if r.utilization_projected is not None:
             util += f" → {r.utilization_projected:.0%}"
-        lines = r.evidence + [f"[yellow]gap[/]: {g}" for g in r.gaps] + [f"note: {n}" for n in r.notes]
+        lines = [f"why: {x}" for x in r.reasons] + r.evidence + [f"[yellow]gap[/]: {g}" for g in r.gaps] + \
+            [f"note: {n}" for n in r.notes]
         table.add_row(r.pool, r.sharing, now, proposed, util, "\n".join(lines))
     out.print(table)
     out.print(f"GPUs that could be freed: {report.gpus_freed}. From {summary['source']}: Prometheus query time "
@@ -116,3 +126,39 @@ def capacity_command(
         out.print("no change proposed")
     if chart is not None:
         out.print(f"chart written to {chart}")
+
+
+def _backfill(env: str, prometheus: str, window: str, end: float | None, out: Path | None, data_dir: Path | None,
+              as_json: bool, console: Any) -> None:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from gpushare.cli.common import fail
+    from gpushare.core.errors import Problem
+    from gpushare.ops.backfill import run_backfill
+    from gpushare.ops.capacity import _check_options
+
+    try:
+        if out is None:
+            raise GpushareError(Problem("--data-dir is only for --backfill-rules",
+                                        fix="add --backfill-rules <folder for the blocks>"), exit_code=2)
+        _check_options("auto", window)
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                      transient=True, disable=as_json) as progress:
+            task = progress.add_task("reading the environment", total=None)
+            report = run_backfill(env, prometheus, window, end if end is not None else time.time(), out, data_dir,
+                                  lambda what: progress.update(task, description=what))
+    except GpushareError as err:
+        raise fail(err, as_json) from None
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2))
+        return
+    from rich.console import Console
+
+    out_console = Console(highlight=False)
+    for p in report.passes:
+        blocks = f", {len(p.blocks)} blocks in {p.folder}/blocks" if p.blocks else ""
+        out_console.print(f"pass {p.level + 1} ({p.rules} rules): {p.state}{blocks}")
+    for line in report.next_steps:
+        out_console.print(f"next: {line}")
+    if report.complete:
+        out_console.print(f"the recording rules cover the {window} window: `gpushare capacity` reads them now")

@@ -194,6 +194,8 @@ class PromotionPolicy(Strict):
     ignored_xids: list[Annotated[int, Field(ge=1, le=1000)]] = Field(
         default_factory=list, description="Application XIDs (e.g. 13, 31, 43) that do not fail the health gate.")
     step: Duration = Field(description="Resolution of the run-time and utilization series.")
+    min_coverage: Ratio = Field(description="Share of the window's steps every expected node must report in; a "
+                                "health gate with less is no evidence.")
 
     @model_validator(mode="after")
     def _reachable(self) -> PromotionPolicy:
@@ -215,6 +217,19 @@ class PromotionPolicy(Strict):
         return self
 
 
+# Memory each replica's CUDA context takes beside its own: an estimate, not an NVIDIA figure (docs/pack.md).
+DEFAULT_CONTEXT_RESERVE_GIB = 0.5
+
+
+class PlannerPolicy(Strict):
+    """Defaults of `gpushare pack` that a demand file may override."""
+
+    context_reserve_gib: float = Field(
+        DEFAULT_CONTEXT_RESERVE_GIB, ge=0, le=16,
+        description="GPU memory one replica's CUDA context takes beside its memory_gib (a demand file's own "
+        "context_reserve_gib wins). Default 0.5: an estimate, see docs/pack.md.")
+
+
 class Guardrails(Strict):
     version: int | None = Field(None, ge=1, le=1, description="The older form of apiVersion: 1 is gpushare.io/v1.")
     max_waiver_matches: int = Field(
@@ -227,6 +242,7 @@ class Guardrails(Strict):
     monitoring: MonitoringPolicy
     capacity: CapacityPolicy
     promotion: PromotionPolicy
+    planner: PlannerPolicy = Field(default_factory=lambda: PlannerPolicy.model_validate({}))
     environments: dict[str, EnvironmentGuardrails]
 
     @model_validator(mode="after")

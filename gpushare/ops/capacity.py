@@ -1,17 +1,19 @@
 """`gpushare capacity`: window statistics from Prometheus, and per pool a recommendation with its evidence.
 
-Prometheus does the aggregation: every figure is one PromQL query over the window (subqueries at the policy's
-step), built from the same expressions as the recording rules (gpushare.monitoring.rules) but on the raw DCGM and
-kube-state-metrics series, so it works on history recorded before gpushare's rules were deployed. gpushare pulls
-one number per pool (or per pool and MIG profile), never raw series.
+Prometheus does the joins and the aggregation to pool level: every figure is a window statistic of a PromQL
+expression built from the same expressions as the recording rules (gpushare.monitoring.rules), on the rules' own
+series or on the raw DCGM and kube-state-metrics series, so it works on history recorded before gpushare's rules
+were deployed. gpushare reads that pool-level expression at the policy's step, a day at a time (a refused chunk is
+halved), and applies the statistic itself exactly as Prometheus would; it never pulls the exporters' raw series.
 
 How a pool is sized (targets in policies/guardrails.yaml `capacity:`, limits in its `environments:`):
 - time-slicing / MPS: replicas per GPU = the most that keep the GPU's mean busy share under target_utilization
   and its p95 under max_p95_utilization (from the load per allocated replica), that fit in memory (p95 memory per
   replica, memory_headroom kept free), and that the environment allows (max_shared_replicas for the GPU's memory
   class, max_oversubscription); then GPUs = what the allocated replicas plus the waiting workloads need.
-- MIG: an instance profile whose p95 busy share and memory would fit a smaller profile is split into smaller
-  instances; every proposed layout passes gpushare.mig.check_layout for the pool's GPU and driver.
+- MIG: saturated instances, or instances near their framebuffer, grow to a larger profile; an instance profile whose
+  p95 busy share and memory would fit a smaller profile is split into smaller instances (not on mig-time-slicing
+  pools, whose replicas per instance stay as they are); every proposed layout passes gpushare.mig.check_layout.
 - whole GPUs: GPUs no workload needed at the p95 of allocation are GPUs that could be freed.
 Nothing is applied: the proposal is a patch of the environment file (and new profile files) for review."""
 
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpushare.core.coverage import Gap, coverage_gaps, duration_text, gaps_text
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import check_output_file, write_file
 from gpushare.core.guardrails import Guardrails, duration_seconds, load_guardrails
@@ -39,6 +42,26 @@ from gpushare.render.monitoring.promql import alternatives, ksm_name
 GIB = 1024**3
 
 # ---------------------------------------------------------------- Prometheus HTTP API
+
+
+# Prometheus's query limits (the flag that sets each) and the words of its error when a query reaches one.
+SERVER_LIMITS = (
+    ("--query.max-samples", "too many samples"),
+    ("--query.timeout", "query timed out"),
+    ("the 11,000 points per series of a range query", "exceeded maximum resolution"),
+)
+
+
+class ServerLimit(GpushareError):
+    """A query Prometheus refused at one of its limits: the reader splits it and retries, or names the limit."""
+
+    def __init__(self, flag: str, query: str, detail: str) -> None:
+        self.flag, self.query, self.detail = flag, query, detail
+        super().__init__(Problem(
+            f"Prometheus refused the {query} query at its {flag} limit ({detail})",
+            fix=f"raise {flag} on the server, or deploy gpushare's recording rules (and backfill them over older "
+                "history with `gpushare capacity --backfill-rules`) so that capacity reads pool-level series"),
+            exit_code=2)
 
 
 @dataclass
@@ -73,6 +96,12 @@ class Prometheus:
         return self._call("query_range", name, {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                                 "step": str(step)}, "matrix")
 
+    def series(self, name: str, selector: str, start: float, end: float) -> list[dict[str, Any]]:
+        """The label sets of the series a selector matches between start and end (/api/v1/series): no samples are
+        read, so it costs the same at any scrape interval and window. Returned as {"metric": labels} like a query."""
+        return self._call("series", name, {"match[]": selector, "start": f"{start:.3f}", "end": f"{end:.3f}"},
+                          "series")
+
     def _call(self, endpoint: str, name: str, params: dict[str, str], result_type: str) -> list[dict[str, Any]]:
         body = urllib.parse.urlencode({**params, "stats": "all"}).encode()
         request = urllib.request.Request(f"{self.url}/api/v1/{endpoint}", data=body, method="POST",
@@ -87,12 +116,21 @@ class Prometheus:
                 detail = json.loads(detail).get("error", detail)
             except ValueError:
                 pass
+            flag = next((flag for flag, marker in SERVER_LIMITS if marker in detail), None)
+            if flag is not None:
+                raise ServerLimit(flag, name, f"{self.url}: {detail[:300]}") from None
             raise GpushareError(Problem(
                 f"Prometheus at {self.url} refused the {name} query: HTTP {exc.code}: {detail[:300]}",
                 fix="check that --prometheus is the Prometheus server's base URL (no /graph or /api path)"),
                 exit_code=2) from None
+        except TimeoutError:
+            raise ServerLimit("--query.timeout", name, f"no answer from {self.url} within {self.timeout:.0f} s") \
+                from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):
+                raise ServerLimit("--query.timeout", name, f"no answer from {self.url} within {self.timeout:.0f} s") \
+                    from None
             raise GpushareError(Problem(f"cannot reach Prometheus at {self.url}: {reason}",
                                         fix="check --prometheus (scheme, host, port) and that the server is up"),
                                 exit_code=2) from None
@@ -105,6 +143,9 @@ class Prometheus:
         if doc.get("status") != "success":
             raise GpushareError(Problem(f"Prometheus at {self.url}: {doc.get('error', doc)}"), exit_code=2)
         data = doc["data"]
+        if result_type == "series":  # a list of label sets, no stats
+            self.timings.append(QueryTiming(name, wall, wall))
+            return [{"metric": labels} for labels in data]
         reported = data.get("stats", {}).get("timings", {}).get("evalTotalTime")
         self.timings.append(QueryTiming(name, float(reported) if reported is not None else wall, wall))
         if data.get("resultType") != result_type:
@@ -116,6 +157,92 @@ class Prometheus:
 def _value(sample: dict[str, Any]) -> float | None:
     value = float(sample["value"][1])
     return None if math.isnan(value) or math.isinf(value) else value
+
+
+# ---------------------------------------------------------------- window statistics, read in chunks the server accepts
+
+CHUNK_SECONDS = 86400  # one range query reads at most a day of steps; a refused chunk is halved until it passes
+READERS = 4  # chunks in flight at once (Prometheus runs 20 queries at a time by default)
+_WINDOW_STAT = re.compile(r"(avg|max|count|quantile)_over_time\((?:([0-9.]+), )?\((.*)\)\[(\w+):(\w+)\]\)", re.S)
+Series = dict[tuple[tuple[str, str], ...], list[float]]  # labels -> values at the steps where the series has one
+
+
+@dataclass(frozen=True)
+class WindowStat:
+    """`fn_over_time((inner)[window:step])` taken apart: gpushare reads `inner` at the steps and applies `fn`."""
+
+    fn: str  # avg, max, count or quantile
+    inner: str
+    phi: float = 0.0
+
+
+def window_stat(expr: str, window: str, step: str) -> WindowStat | None:
+    """The statistic and inner expression of a whole-window subquery, or None for any other query."""
+    match = _WINDOW_STAT.fullmatch(expr.strip())
+    if match is None or (match.group(4), match.group(5)) != (window, step):
+        return None
+    fn, phi, inner = match.group(1), match.group(2), match.group(3)
+    depth = 0
+    for char in re.sub(r'"(?:[^"\\]|\\.)*"', '""', inner):  # `(a)[w:s]) or f((b)` is two subqueries, not one
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            return None
+    if depth or (fn == "quantile") != (phi is not None):
+        return None
+    return WindowStat(fn, inner, float(phi or 0.0))
+
+
+def apply_stat(stat: WindowStat, values: list[float]) -> float:
+    """What Prometheus's `<fn>_over_time` gives over these values (NaN where it would give NaN)."""
+    if stat.fn == "count":
+        return float(len(values))
+    if stat.fn == "avg":
+        return math.fsum(values) / len(values)
+    finite = sorted(v for v in values if not math.isnan(v))
+    if not finite:
+        return math.nan
+    if stat.fn == "max":
+        return finite[-1]
+    rank = stat.phi * (len(finite) - 1)  # Prometheus's quantile: linear between the two closest ranks
+    lower = max(0, math.floor(rank))
+    upper = min(len(finite) - 1, lower + 1)
+    return finite[lower] + (finite[upper] - finite[lower]) * (rank - math.floor(rank))
+
+
+def window_steps(window: str, step: str, at: float) -> tuple[int, int, int]:
+    """(first, last, step) in ms: the steps a `[window:step]` subquery evaluated at `at` reads (aligned to step)."""
+    step_ms = duration_seconds(step) * 1000
+    at_ms = round(at * 1000)
+    first = -(-(at_ms - duration_seconds(window) * 1000) // step_ms) * step_ms
+    return first, at_ms // step_ms * step_ms, step_ms
+
+
+def read_steps(prom: Prometheus, name: str, expr: str, steps: tuple[int, int, int]) -> Series:
+    """`expr` at every step from first to last, as range queries of at most CHUNK_SECONDS each, READERS at a time;
+    a chunk Prometheus refuses at a limit is halved and retried, down to a single step."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    first, last, step_ms = steps
+    per_chunk = max(1, CHUNK_SECONDS * 1000 // step_ms)
+    chunks = [(s, min(last, s + (per_chunk - 1) * step_ms)) for s in range(first, last + 1, per_chunk * step_ms)]
+
+    def read(chunk: tuple[int, int]) -> list[dict[str, Any]]:
+        start, end = chunk
+        try:
+            return prom.query_range(name, expr, start / 1000, end / 1000, step_ms // 1000)
+        except ServerLimit:
+            if start == end:
+                raise
+            middle = start + (end - start) // step_ms // 2 * step_ms
+            return read((start, middle)) + read((middle + step_ms, end))
+
+    out: Series = {}
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
+        for result in pool.map(read, chunks):
+            for series in result:
+                key = tuple(sorted(series.get("metric", {}).items()))
+                out.setdefault(key, []).extend(float(v) for _t, v in series["values"])
+    return out
 
 
 # ---------------------------------------------------------------- evidence
@@ -146,10 +273,13 @@ class PoolEvidence:
     pending_mean: float | None = None
     queue_wait_seconds: float | None = None
     mig: dict[str, MigEvidence] = field(default_factory=dict)
+    node_coverage: dict[str, float] = field(default_factory=dict)  # node -> share of the window's steps it reported
+    node_gaps: dict[str, list[Gap]] = field(default_factory=dict)  # node below capacity.min_coverage -> its gaps
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "mig"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("mig", "node_gaps")}
         out["mig"] = {p: m.__dict__ for p, m in self.mig.items()}
+        out["node_gaps"] = {n: [g.as_dict() for g in gaps] for n, gaps in self.node_gaps.items()}
         return out
 
 
@@ -159,7 +289,7 @@ def _window_queries(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Re
     """The window statistics. `recorded` reads gpushare's recording rules (cheap: pool-level series); `raw` builds
     the same figures from the exporters' series, for history from before the rules were deployed."""
     step = guardrails.capacity.step
-    queues = r.pool_queues(fleet, guardrails, pools)
+    queues, reach = r.queues_by_pool(fleet, guardrails, pools)
     if source == "recorded":
         x = {
             "pool_util": "gpushare:pool_utilization:ratio",
@@ -175,6 +305,7 @@ def _window_queries(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Re
             "mig_util": 'max by (pool, GPU_I_PROFILE) (gpushare:unit_utilization:ratio{GPU_I_ID!=""})',
             "mig_mem": 'max by (pool, GPU_I_PROFILE) (gpushare:unit_memory_used:bytes{GPU_I_ID!=""})',
             "alloc_by_resource": "gpushare:pool_allocated:units",
+            "node_units": "count by (pool, node) (gpushare:unit_utilization:ratio)",
         }
         wait = f"max_over_time(gpushare:pool_queue_wait_seconds:max[{window}])"
     else:
@@ -188,11 +319,10 @@ def _window_queries(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Re
         mig_used = r.unit_memory_used_expr(node_pool, 'GPU_I_ID!=""')
         pending_parts, wait_parts = [], []
         for p in pools:
-            parts = [f"({r.unschedulable_requests_expr(p)})"]
+            parts = [r.unschedulable_requests_expr(p, pools)]
             if p.name in queues:
-                parts.insert(0, f'sum(kueue_pending_workloads{{cluster_queue=~"{alternatives(queues[p.name])}"}})')
-            pending_parts.append(f'label_replace(({" + ".join(parts)}) or ({" or ".join(parts)}), '
-                                 f'"pool", "{p.name}", "", "")')
+                parts.insert(0, r.pool_pending_workloads_expr(p, queues[p.name], reach))
+            pending_parts.append(f'label_replace({r.sum_present(parts)}, "pool", "{p.name}", "", "")')
             wait_parts.append(f"label_replace(max_over_time(({r.unschedulable_pod_age_expr(p)})[{window}:{step}]), "
                               f'"pool", "{p.name}", "", "")')
             if p.name in queues:
@@ -214,6 +344,7 @@ def _window_queries(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Re
             "mig_util": f"max by (pool, GPU_I_PROFILE) ({mig_util})",
             "mig_mem": f"max by (pool, GPU_I_PROFILE) ({mig_used})",
             "alloc_by_resource": f"sum by (pool, resource) ({r.allocated_expr(node_pool)})",
+            "node_units": f"count by (pool, node) ({r.unit_utilization_expr(node_pool)})",
         }
         wait = f"max by (pool) (\n{' or '.join(wait_parts)}\n)"
     sub = f"[{window}:{step}]"
@@ -235,6 +366,10 @@ def _window_queries(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Re
         for profile in e.mig:
             if ksm_name(f"nvidia.com/mig-{profile.replace('+', '.')}") == resource:
                 e.mig[profile].allocated_p95 = v
+
+    def node_coverage(e: PoolEvidence, labels: dict[str, str], v: float) -> None:
+        steps = max(1, duration_seconds(window) // duration_seconds(step))
+        e.node_coverage[labels.get("node", "")] = min(1.0, v / steps)
 
     def coverage(e: PoolEvidence, _labels: dict[str, str], v: float) -> None:
         e.coverage = min(1.0, v / max(1, duration_seconds(window) // duration_seconds(step)))
@@ -259,36 +394,47 @@ def _window_queries(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Re
         ("MIG utilization p95", f"quantile_over_time(0.95, ({x['mig_util']}){sub})", mig_setter("utilization_p95")),
         ("MIG memory p95", f"quantile_over_time(0.95, ({x['mig_mem']}){sub})", mig_setter("memory_p95_bytes")),
         ("MIG allocated p95", f"quantile_over_time(0.95, ({x['alloc_by_resource']}){sub})", mig_alloc),
+        ("coverage per node", f"count_over_time(({x['node_units']}){sub})", node_coverage),
     ]
 
 
 def recorded_coverage(prom: Prometheus, guardrails: Guardrails, window: str, at: float) -> float:
     """Share of the window that gpushare's recording rules cover (the best-covered pool)."""
-    step = guardrails.capacity.step
-    samples = prom.query("recording rules coverage",
-                         f"max(count_over_time(gpushare:pool_utilization:ratio[{window}:{step}]))", at)
-    steps = max(1, duration_seconds(window) // duration_seconds(step))
-    return min(1.0, max((v for v in map(_value, samples) if v is not None), default=0.0) / steps)
+    steps = window_steps(window, guardrails.capacity.step, at)
+    series = read_steps(prom, "recording rules coverage", "gpushare:pool_utilization:ratio", steps)
+    expected = max(1, duration_seconds(window) // duration_seconds(guardrails.capacity.step))
+    return min(1.0, max(map(len, series.values()), default=0) / expected)
 
 
 def collect_evidence(prom: Prometheus, fleet: ResolvedFleet, guardrails: Guardrails, window: str, at: float,
                      progress: Callable[[str], None] | None = None, source: str = "auto"
                      ) -> tuple[dict[str, PoolEvidence], str]:
     """Per-pool evidence, and which series it came from: gpushare's recording rules where they cover the window
-    (capacity.min_coverage), else the exporters' raw series."""
+    (capacity.min_coverage), else the exporters' raw series. A whole-window statistic is computed here from its
+    inner (pool-level) expression read at the policy's step in chunks the server accepts (one read serves every
+    statistic of that expression); any other query runs as one instant query."""
     if source == "auto":
         covered = recorded_coverage(prom, guardrails, window, at)
         source = "recorded" if covered >= guardrails.capacity.min_coverage else "raw"
     pools = fleet.pools
     evidence = {p.name: PoolEvidence(p.name) for p in pools}
+    steps = window_steps(window, guardrails.capacity.step, at)
+    read: dict[str, Series] = {}
     for name, expr, apply in _window_queries(fleet, guardrails, pools, window, source):
-        if progress:
-            progress(name)
-        for sample in prom.query(name, expr, at):
-            labels = sample.get("metric", {})
+        stat = window_stat(expr, window, guardrails.capacity.step)
+        if stat is None:
+            if progress:
+                progress(name)
+            results = [(s.get("metric", {}), _value(s)) for s in prom.query(name, expr, at)]
+        else:
+            if stat.inner not in read:
+                if progress:
+                    progress(name)
+                read[stat.inner] = read_steps(prom, name, stat.inner, steps)
+            results = [(dict(key), apply_stat(stat, values)) for key, values in read[stat.inner].items() if values]
+        for labels, value in results:
             pool = labels.get("pool")
-            value = _value(sample)
-            if pool in evidence and value is not None:
+            if pool in evidence and value is not None and math.isfinite(value):
                 apply(evidence[pool], labels, value)
     return evidence, source
 
@@ -311,7 +457,12 @@ class Recommendation:
     evidence: list[str] = field(default_factory=list)
     gaps: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    mig_replacements: dict[str, tuple[str, int]] = field(default_factory=dict)  # profile -> (smaller, count each)
+    # profile -> (the profile that replaces it, how many of those per old instance: 2 when split, 3/7 when merged)
+    mig_replacements: dict[str, tuple[str, float]] = field(default_factory=dict)
+    mig_resource_suffix: str = ""  # ".shared" where time-sliced MIG instances are advertised under renamed resources
+    reasons: list[str] = field(default_factory=list)  # why the change, in a few words each
+    pressure: float = 0.0  # how long queued work waited (s): the longest waits get relief first
+    mig_grows: bool = False  # a saturated MIG profile (or one near its framebuffer) gets a larger instance
 
     @property
     def gpus_freed(self) -> int:
@@ -354,6 +505,19 @@ def _gaps(e: PoolEvidence, guardrails: Guardrails, window: str) -> list[str]:
     return []
 
 
+def _node_coverage_notes(pool: ResolvedPool, e: PoolEvidence, guardrails: Guardrails) -> list[str]:
+    """Nodes of the pool that reported in less than capacity.min_coverage of the window, or not at all (bare-metal
+    hosts have known names; cloud nodes do not)."""
+    floor = guardrails.capacity.min_coverage
+    notes = [f"node {node} reported in {share:.0%} of the window (capacity.min_coverage {floor:.0%}): its GPUs count "
+             "only while they reported" + (f" ({gaps_text(e.node_gaps[node])})" if e.node_gaps.get(node) else "")
+             for node, share in sorted(e.node_coverage.items()) if share < floor]
+    if pool.cloud is None and e.node_coverage:
+        silent = sorted({n.name for n in pool.nodes if n.count == 1} - set(e.node_coverage))
+        notes += [f"node {node} sent no DCGM series in the window" for node in silent]
+    return notes
+
+
 def recommend_time_slicing(fleet: ResolvedFleet, guardrails: Guardrails, pool: ResolvedPool, e: PoolEvidence,
                            rec: Recommendation) -> None:
     c = guardrails.capacity
@@ -365,10 +529,11 @@ def recommend_time_slicing(fleet: ResolvedFleet, guardrails: Guardrails, pool: R
     allocated_mean = e.allocated_mean or 0.0
     allocated_p95 = max(e.allocated_p95 or 0.0, allocated_mean)
     pending = e.pending_mean or 0.0
+    queued = _queued(e, guardrails)
     rec.evidence += [f"utilization mean {_pct(mean)}, p95 {_pct(p95)} of {n} GPUs",
                      f"allocated replicas mean {allocated_mean:.1f}, p95 {allocated_p95:.1f} of {n * replicas}",
                      f"pending workloads mean {pending:.1f}"
-                     + (f", queue wait up to {e.queue_wait_seconds:.0f} s" if e.queue_wait_seconds else "")]
+                     + (f", queue wait up to {duration_text(e.queue_wait_seconds)}" if e.queue_wait_seconds else "")]
     # Compute: the load one allocated replica puts on its GPU.
     caps: dict[str, int] = {}
     if allocated_mean > 0 and mean > 0:
@@ -393,7 +558,7 @@ def recommend_time_slicing(fleet: ResolvedFleet, guardrails: Guardrails, pool: R
                          "use an exclusive or MIG profile")
         best = replicas if replicas <= caps["memory"] else 1
     proposed = max(2, best) if best >= 2 else 1
-    demand = allocated_p95 + pending
+    demand = allocated_p95 + queued
     per_gpu = proposed
     gpus = max(1, math.ceil(demand / per_gpu - 1e-9), math.ceil(mean * n / c.target_utilization - 1e-9))
     while proposed > 2 and not _env_ratio_allows(fleet, pool, gpus, proposed, limits.max_oversubscription):
@@ -403,8 +568,17 @@ def recommend_time_slicing(fleet: ResolvedFleet, guardrails: Guardrails, pool: R
     rec.evidence.append("replica limits: " + ", ".join(f"{k} {v}" for k, v in caps.items()) + f" (binding: {limiting})")
     rec.replicas_proposed = proposed
     rec.gpus_proposed = gpus
+    if proposed > replicas:
+        rec.reasons.append(f"under-used ({_pct(mean)} busy, {_pct(p95)} at p95): {limiting} allows {proposed} "
+                           "replicas per GPU")
+    elif proposed < replicas:
+        rec.reasons.append(f"{limiting} allows only {proposed} replicas per GPU" +
+                           (" (memory-bound: never more replicas)" if limiting == "memory" else ""))
+    if queued:
+        rec.reasons.append(f"the pool queues ({queued:.1f} pending, waits up to "
+                           f"{duration_text(e.queue_wait_seconds or 0)}): GPUs for the waiting work")
     # The same work, plus what the waiting workloads would add at the load an allocated replica puts on a GPU.
-    waiting = pending * mean * n / allocated_mean if allocated_mean > 0 else 0.0
+    waiting = queued * mean * n / allocated_mean if allocated_mean > 0 else 0.0
     rec.utilization_projected = min(1.0, (mean * n + waiting) / gpus)
 
 
@@ -414,9 +588,15 @@ def recommend_exclusive(fleet: ResolvedFleet, guardrails: Guardrails, pool: Reso
     n = pool.totals.physical_gpus
     mean = e.utilization_mean or 0.0
     allocated_p95 = e.allocated_p95 or 0.0
-    needed = max(1, math.ceil(allocated_p95 + (e.pending_mean or 0.0) - 1e-9))
+    queued = _queued(e, guardrails)
+    needed = max(1, math.ceil(allocated_p95 + queued - 1e-9))
     rec.gpus_proposed = min(max(needed, math.ceil(mean * n / c.target_utilization - 1e-9)), max(n, needed))
     rec.utilization_projected = min(1.0, mean * n / rec.gpus_proposed)
+    if rec.gpus_proposed < n:
+        rec.reasons.append(f"{n - rec.gpus_proposed} GPU(s) were not allocated even at the p95")
+    elif rec.gpus_proposed > n:
+        rec.reasons.append(f"the pool queues ({queued:.1f} pending, waits up to "
+                           f"{duration_text(e.queue_wait_seconds or 0)})")
     rec.evidence += [f"utilization mean {_pct(mean)}, p95 {_pct(e.utilization_p95)} of {n} GPUs",
                      f"allocated GPUs p95 {allocated_p95:.1f}, pending mean {e.pending_mean or 0:.1f}"]
     if mean < guardrails.monitoring.pool_underused_ratio:
@@ -442,9 +622,12 @@ def recommend_mig(fleet: ResolvedFleet, guardrails: Guardrails, pool: ResolvedPo
         rec.gaps.append("nodes of the pool differ in GPU model or layout: no MIG change proposed")
         return
     if pool.sharing == "mig-time-slicing":
-        rec.notes.append("MIG with time-slicing: replicas and layout are not resized together yet")
-        return
+        rec.replicas_now = rec.replicas_proposed = _replicas(fleet, pool)
+        if any(res.startswith("nvidia.com/mig-") and res.endswith(".shared") for res in pool.totals.advertised):
+            rec.mig_resource_suffix = ".shared"
     proposed = dict(layout)
+    grow: list[tuple[str, int, float]] = []  # (profile, compute slices needed, GiB needed) of saturated instances
+    shrink: list[tuple[str, int, float]] = []
     for name in sorted(layout, key=lambda p: -model.profiles[p].compute_slices):
         current = model.profiles[name]
         m = e.mig.get(name)
@@ -454,19 +637,36 @@ def recommend_mig(fleet: ResolvedFleet, guardrails: Guardrails, pool: ResolvedPo
         slices = max(1, math.ceil(m.utilization_p95 * current.compute_slices / c.max_p95_utilization - 1e-9))
         memory_gib = m.memory_p95_bytes / GIB / (1 - c.memory_headroom)
         rec.evidence.append(f"{name} x{layout[name]}: busiest instance p95 {_pct(m.utilization_p95)} busy, "
-                            f"{m.memory_p95_bytes / GIB:.1f} GiB; allocated p95 {m.allocated_p95 or 0:.1f}")
+                            f"{m.memory_p95_bytes / GIB:.1f} of {current.memory_gib:g} GiB; allocated p95 "
+                            f"{m.allocated_p95 or 0:.1f}")
+        saturated = m.utilization_p95 > c.max_p95_utilization or memory_gib > (current.memory_gib or 0)
+        (grow if saturated else shrink).append((name, slices, memory_gib))
+    # Saturated instances grow first (taking room from idle ones); what stays idle is then split.
+    for name, slices, memory_gib in grow:
+        proposed = _grow_mig(model, driver, e, c, proposed, name, slices, memory_gib, rec)
+    if pool.sharing == "mig-time-slicing" and shrink:
+        # Pods already share each instance: splitting it too would cut every pod's share twice over.
+        rec.reasons.append(f"time-sliced MIG instances ({', '.join(n for n, _, _ in shrink)}) idle, but not split: "
+                           f"their {rec.replicas_now} replicas already share each one")
+        shrink = []
+    for name, slices, memory_gib in shrink:
+        current = model.profiles[name]
+        count = proposed.get(name, 0)
+        if not count:  # gave its room to a saturated profile
+            continue
         smaller = [q for q in _plain_profiles(model) if q.compute_slices < current.compute_slices
                    and q.compute_slices >= slices and (q.memory_gib or 0) >= memory_gib]
         done = False
         for q in smaller:
             for k in range(current.compute_slices // q.compute_slices, 0, -1):
                 candidate = dict(proposed)
-                candidate[name] -= 1 * layout[name]
-                candidate[q.name] = candidate.get(q.name, 0) + k * layout[name]
+                candidate[name] -= count
+                candidate[q.name] = candidate.get(q.name, 0) + k * count
                 candidate = {p: v for p, v in candidate.items() if v}
                 if check_layout(model, layout_from_counts(candidate), driver).ok:
                     rec.evidence.append(f"{name} needs {slices} compute slice(s) and {memory_gib:.1f} GiB: "
                                         f"each becomes {k} x {q.name}")
+                    rec.reasons.append(f"{name} instances are idle enough for {q.name}: more, smaller instances")
                     proposed = candidate
                     rec.mig_replacements[name] = (q.name, k)
                     done = True
@@ -476,9 +676,70 @@ def recommend_mig(fleet: ResolvedFleet, guardrails: Guardrails, pool: ResolvedPo
     if proposed != layout:
         assert check_layout(model, layout_from_counts(proposed), driver).ok
         rec.mig_layout_proposed = proposed
-    rec.gpus_proposed = pool.totals.physical_gpus
+    n = pool.totals.physical_gpus
+    rec.gpus_proposed = n
+    queued = _queued(e, guardrails)
+    if queued:
+        per_gpu = (sum(proposed.values()) or 1) * (rec.replicas_now or 1)
+        rec.gpus_proposed = n + math.ceil(queued / per_gpu - 1e-9)
+        wait = duration_text(e.queue_wait_seconds or 0)
+        slots = "replica(s) of instances" if rec.replicas_now else "instance(s)"
+        rec.reasons.append(f"the pool queues ({queued:.1f} pending, waits up to {wait}): "
+                           f"{rec.gpus_proposed - n} more GPU(s), {per_gpu} {slots} each")
     util = e.utilization_mean
-    rec.utilization_projected = util  # same GPUs, same work: smaller instances lift instance, not GPU, utilization
+    # Same work over the GPUs proposed: smaller instances lift instance, not GPU, utilization.
+    rec.utilization_projected = None if util is None else min(1.0, util * n / rec.gpus_proposed)
+
+
+def _queued(e: PoolEvidence, guardrails: Guardrails) -> float:
+    """Pending demand that waited past monitoring.queue_wait_seconds (work admitted quickly is busy, not queued)."""
+    if not e.pending_mean or (e.queue_wait_seconds or 0) <= guardrails.monitoring.queue_wait_seconds:
+        return 0.0
+    return e.pending_mean
+
+
+def _grow_mig(model: Any, driver: int, e: PoolEvidence, c: Any, proposed: dict[str, int], name: str, slices: int,
+              memory_gib: float, rec: Recommendation) -> dict[str, int]:
+    """One instance of a saturated profile per GPU becomes the next profile that gives it the compute and memory it
+    needs, taking room from the least busy other instances if it must; the layout passes check_layout or stays."""
+    from gpushare.core.mig import check_layout, layout_from_counts
+
+    current = model.profiles[name]
+    m = e.mig[name]
+    why = (f"{name} instances are saturated ({_pct(m.utilization_p95)} busy at p95)"
+           if (m.utilization_p95 or 0) > c.max_p95_utilization else
+           f"{name} instances are near their framebuffer ({(m.memory_p95_bytes or 0) / GIB:.1f} of "
+           f"{current.memory_gib:g} GiB at p95)")
+    larger = [q for q in _plain_profiles(model) if q.name != name and q.compute_slices >= max(slices,
+              current.compute_slices) and (q.memory_gib or 0) >= max(memory_gib, current.memory_gib or 0)
+              and ((q.memory_gib or 0) > (current.memory_gib or 0) or q.compute_slices > current.compute_slices)]
+    # Room comes only from instances busy under target_utilization (least busy first), or from the saturated profile.
+    idle_first = sorted((p for p in proposed if p != name and p in e.mig
+                         and (e.mig[p].utilization_p95 or 0) < c.target_utilization),
+                        key=lambda p: e.mig[p].utilization_p95 or 0)
+    for q in larger:
+        candidate = {**proposed, name: proposed.get(name, 0) - 1, q.name: proposed.get(q.name, 0) + 1}
+        removed: list[str] = []
+        for other in idle_first + [name]:
+            while not check_layout(model, layout_from_counts({p: v for p, v in candidate.items() if v}), driver).ok \
+                    and candidate.get(other, 0) > 0 and other != q.name:
+                candidate[other] -= 1
+                removed.append(other)
+        candidate = {p: v for p, v in candidate.items() if v}
+        if check_layout(model, layout_from_counts(candidate), driver).ok:
+            rec.mig_grows = True
+            rec.reasons.append(f"{why}: one per GPU becomes {q.name}" +
+                               (f" (in place of {', '.join(removed)})" if removed else ""))
+            rec.evidence.append(f"{name} needs {slices} compute slice(s) and {memory_gib:.1f} GiB: one per GPU "
+                                f"becomes {q.name}")
+            for gone in sorted({name, *removed} - set(candidate)):
+                # Quotas follow the hardware: a 3g share of a 7g instance is 3/7 of it.
+                rec.mig_replacements[gone] = (q.name, model.profiles[gone].compute_slices / q.compute_slices)
+                rec.notes.append(f"workloads that ask for {_resource(gone, rec.mig_resource_suffix)} must ask for "
+                                 f"{_resource(q.name, rec.mig_resource_suffix)}")
+            return candidate
+    rec.notes.append(f"{why}, and no larger instance fits this GPU's layout: more GPUs or whole GPUs for this work")
+    return proposed
 
 
 def recommend(fleet: ResolvedFleet, guardrails: Guardrails, evidence: dict[str, PoolEvidence], window: str
@@ -489,7 +750,10 @@ def recommend(fleet: ResolvedFleet, guardrails: Guardrails, evidence: dict[str, 
         rec = Recommendation(pool=pool.name, sharing=pool.sharing, gpus_now=pool.totals.physical_gpus,
                              utilization_now=e.utilization_mean)
         rec.gaps += _gaps(e, guardrails, window)
+        if e.utilization_mean is not None:
+            rec.notes += _node_coverage_notes(pool, e, guardrails)
         if not rec.gaps:
+            rec.pressure = (e.queue_wait_seconds or 0.0) if _queued(e, guardrails) else 0.0
             if pool.sharing in ("time-slicing", "mps"):
                 recommend_time_slicing(fleet, guardrails, pool, e, rec)
             elif pool.sharing in ("mig", "mig-time-slicing"):
@@ -565,38 +829,45 @@ def _profile_for_replicas(fleet: ResolvedFleet, guardrails: Guardrails, pool: Re
     return name, ""
 
 
+def _resource(profile: str, suffix: str = "") -> str:
+    return f"nvidia.com/mig-{profile.replace('+', '.')}{suffix}"
+
+
+def _dropped(rec: Recommendation) -> set[str]:
+    """MIG resources a pool stops advertising under its recommendation."""
+    if rec.mig_layout_proposed is None:
+        return set()
+    return {_resource(p, rec.mig_resource_suffix) for p in rec.mig_layout_now or {} if p not in rec.mig_layout_proposed}
+
+
 def _edit_pool(fleet: ResolvedFleet, guardrails: Guardrails, doc: Any, rec: Recommendation, pool: ResolvedPool,
-               new_profiles: dict[str, dict[str, Any]]) -> str | None:
-    """Apply one pool's recommendation to the round-trip document; returns why not, or None."""
+               new_profiles: dict[str, dict[str, Any]]) -> tuple[str | None, list[str], int]:
+    """Apply one pool's recommendation (not its tenants' quotas) to the round-trip document: (why not or None, notes,
+    the pool's GPUs as the document now says)."""
     from gpushare.core.mig import format_layout, layout_from_counts
 
     limits = guardrails.environment(fleet.environment)
     entry = next(p for p in doc["pools"] if p["name"] == pool.name)
+    notes: list[str] = []
+    gpus = rec.gpus_now
     if rec.replicas_proposed is not None and rec.replicas_proposed != rec.replicas_now:
         name, why = _profile_for_replicas(fleet, guardrails, pool, rec.replicas_proposed, new_profiles)
         if name is None:
-            return why
+            return why, notes, gpus
         entry["profile"] = name
     if rec.mig_layout_proposed is not None:
         if "*" not in limits.allowed_profiles:
-            return f"a new MIG layout needs a new profile, which {fleet.environment} allows only after its promotion " \
-                   "source runs it"
+            return (f"a new MIG layout needs a new profile, which {fleet.environment} allows only after its promotion "
+                    "source runs it"), notes, gpus
         model = pool.nodes[0].gpu_model
         name = f"{pool.name}-mig"[:30].rstrip("-")
-        new_profiles[name] = {"name": name, "kind": "mig",
+        new_profiles[name] = {"name": name, "kind": pool.sharing,
                               "description": f"Layout proposed by gpushare capacity for pool {pool.name}.",
                               "mig": {"layouts": {model.name: format_layout(layout_from_counts(
                                   rec.mig_layout_proposed))}}}
+        if pool.sharing == "mig-time-slicing":  # the same replicas per instance: never more for memory-bound work
+            new_profiles[name]["time_slicing"] = fleet.profiles[pool.profile].time_slicing.model_dump(mode="json")
         entry["profile"] = name
-        for tenant in doc.get("tenants", []):
-            for key in ("quota", "borrowing_limit"):
-                quota = tenant.get(key) or {}
-                for old, (new, count) in rec.mig_replacements.items():
-                    old_res, new_res = f"nvidia.com/mig-{old.replace('+', '.')}", f"nvidia.com/mig-{new}"
-                    others = any(old_res in p.totals.advertised for p in fleet.pools
-                                 if p.name != pool.name and p.cluster == pool.cluster)
-                    if old_res in quota and not others:
-                        quota[new_res] = quota.get(new_res, 0) + quota.pop(old_res) * count
     if rec.gpus_proposed is not None and rec.gpus_proposed != rec.gpus_now:
         if pool.cloud is not None:
             per_node = pool.cloud.gpus_per_node
@@ -605,28 +876,98 @@ def _edit_pool(fleet: ResolvedFleet, guardrails: Guardrails, doc: Any, rec: Reco
             if pool.cloud.max_node_count:
                 nodes = min(nodes, pool.cloud.max_node_count)
             entry["cloud"]["node_count"] = nodes
+            gpus = nodes * per_node
         elif rec.gpus_proposed < rec.gpus_now:
             hosts = entry["hosts"]
             freed = rec.gpus_now - rec.gpus_proposed
             while len(hosts) > 1 and hosts[-1]["gpu_count"] <= freed:
                 freed -= hosts[-1]["gpu_count"]
-                rec.notes.append(f"host {hosts[-1]['name']} leaves the pool ({hosts[-1]['gpu_count']} GPUs freed)")
+                gpus -= hosts[-1]["gpu_count"]
+                notes.append(f"host {hosts[-1]['name']} leaves the pool ({hosts[-1]['gpu_count']} GPUs freed)")
                 del hosts[-1]
+            if freed:
+                notes.append(f"{freed} more GPU(s) could go, but only whole hosts leave a bare-metal pool")
         else:
-            rec.notes.append(f"add {rec.gpus_proposed - rec.gpus_now} GPUs (hosts) to the pool: bare-metal hosts "
-                             "are not invented here")
-    return None
+            notes.append(f"add {rec.gpus_proposed - rec.gpus_now} GPUs (hosts) to the pool: bare-metal hosts "
+                         "are not invented here")
+    return None, notes, gpus
+
+
+def _move_quotas(fleet: ResolvedFleet, doc: Any, applied: list[Recommendation]) -> None:
+    """Tenants' quotas on a MIG resource that no pool of their clusters advertises any more (after every applied
+    change) move to the smaller instances that replace it, in proportion to the instances each pool replaced."""
+    by_pool = {rc.pool: rc for rc in applied}
+    for tenant in doc.get("tenants", []):
+        clusters = set(tenant.get("clusters") or fleet.clusters)
+        pools = [p for p in fleet.pools if p.cluster in clusters]
+
+        def still(res: str, pools: list[ResolvedPool] = pools) -> bool:
+            return any(res in p.totals.advertised and res not in _dropped(by_pool[p.name]) if p.name in by_pool
+                       else res in p.totals.advertised for p in pools)
+
+        for key in ("quota", "borrowing_limit"):
+            quota = tenant.get(key) or {}
+            added: dict[str, float] = {}
+            for old_res in [k for k in list(quota) if k.startswith("nvidia.com/mig-") and not still(k)]:
+                moves = [((_resource(rc.mig_replacements[old][0], rc.mig_resource_suffix), rc.mig_replacements[old][1]),
+                          (rc.mig_layout_now or {}).get(old, 0) * n)
+                         for rc in applied if fleet.pool(rc.pool).cluster in clusters
+                         for old in rc.mig_replacements if _resource(old, rc.mig_resource_suffix) == old_res
+                         for n in [fleet.pool(rc.pool).totals.physical_gpus]]
+                if not moves:
+                    continue
+                total, amount = sum(w for _, w in moves) or 1, quota.pop(old_res)
+                for (new_res, factor), weight in moves:
+                    added[new_res] = added.get(new_res, 0.0) + amount * factor * weight / total
+            for new_res, amount in added.items():
+                quota[new_res] = quota.get(new_res, 0) + math.ceil(amount - 1e-9)
+
+
+def _groups(fleet: ResolvedFleet, recs: list[Recommendation]) -> list[list[Recommendation]]:
+    """Changes that must move together: pools of one cluster that stop advertising the same MIG resource (the
+    quotas on it move only when all of them do). Every other change is a group of its own."""
+    groups: list[list[Recommendation]] = []
+    for rc in recs:
+        key = {(fleet.pool(rc.pool).cluster, res) for res in _dropped(rc)}
+        joined = [g for g in groups if key & {(fleet.pool(o.pool).cluster, res) for o in g for res in _dropped(o)}]
+        merged = [rc] + [o for g in joined for o in g]
+        groups = [g for g in groups if g not in joined] + [sorted(merged, key=recs.index)]
+    return sorted(groups, key=lambda g: recs.index(g[0]))
+
+
+def relieves(rc: Recommendation) -> bool:
+    """The change gives work that waits or saturates more: GPUs, larger MIG instances, fewer replicas per GPU."""
+    return (rc.mig_grows or (rc.gpus_proposed or 0) > rc.gpus_now
+            or (rc.replicas_proposed or 0) < (rc.replicas_now or 0))
+
+
+def _value_first(group: list[Recommendation], freed: int) -> tuple[bool, float]:
+    """The order groups are combined in, most value first: relief for pools that queue or saturate (longest waits
+    first) before savings (most GPUs the patch frees first: whole hosts only on bare metal). A later group that breaks
+    the combination is the one withheld."""
+    relief = any(relieves(rc) for rc in group)
+    return not relief, -max(rc.pressure for rc in group) if relief else -freed
+
+
+@dataclass
+class _Attempt:
+    text: str
+    new_profiles: dict[str, dict[str, Any]]
+    notes: dict[str, list[str]]
+    gpus: dict[str, int]
+    why: dict[str, str]  # pool -> why its group cannot be applied (empty: the whole attempt holds)
 
 
 def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendation]) -> Proposal:
-    """The environment change as files (never written over the originals); every change kept resolves (the exact
-    MIG check included) and adds no guardrail violation."""
+    """The environment change as files (never written over the originals). Each pool's change (or group of changes
+    that must move together) is checked alone, then the groups that hold alone are combined one at a time, and a
+    group that breaks the combination is withheld with its reason: every change kept resolves (the exact MIG check
+    included) and adds no guardrail violation, alone and together."""
     import tempfile
     from datetime import date
-    from pathlib import Path
 
     from gpushare.core.paths import default_profiles_dir, find_workspace, patch_path, project_root
-    from gpushare.core.resolve import resolve, resolve_env
+    from gpushare.core.resolve import resolve
     from gpushare.policy import rules as policies
 
     source = fleet.source.resolve()
@@ -644,51 +985,75 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
         return {(v.rule, v.message) for v in report.violations if v.level == "mandatory"}
 
     baseline = violations(fleet)
-    candidates = [rc for rc in recs if rc.changes and not rc.gaps]
-    proposal = Proposal()
-    while candidates:
+
+    def attempt(groups: list[list[Recommendation]]) -> _Attempt:
         y = roundtrip_yaml()
         doc = y.load(original)
-        new_profiles: dict[str, dict[str, Any]] = {}
-        kept = []
-        for rc in candidates:
-            why = _edit_pool(fleet, guardrails, doc, rc, fleet.pool(rc.pool), new_profiles)
-            if why:
-                proposal.withheld[rc.pool] = why
-            else:
-                kept.append(rc)
-        text = dump_yaml(y, doc)
+        out = _Attempt("", {}, {}, {}, {})
+        applied = []
+        for group in groups:
+            for rc in group:
+                why, out.notes[rc.pool], out.gpus[rc.pool] = _edit_pool(fleet, guardrails, doc, rc,
+                                                                        fleet.pool(rc.pool), out.new_profiles)
+                if why:
+                    out.why.update({o.pool: why if o is rc else f"moves together with pool {rc.pool}: {why}"
+                                    for o in group})
+            applied += group
+        if out.why:
+            return out
+        _move_quotas(fleet, doc, applied)
+        out.text = dump_yaml(y, doc)
         with tempfile.TemporaryDirectory(prefix="gpushare-capacity-") as tmp:
             tmp_profiles = Path(tmp) / "profiles"
             tmp_profiles.mkdir()
             for path in profiles_dir.glob("*.yaml"):
                 (tmp_profiles / path.name).write_text(path.read_text())
-            for name, data in new_profiles.items():
+            for name, data in out.new_profiles.items():
                 (tmp_profiles / f"{name}.yaml").write_text(dump_yaml(roundtrip_yaml(), data))
             env_file = Path(tmp) / "environments" / source.name
             env_file.parent.mkdir()
-            env_file.write_text(text)
+            env_file.write_text(out.text)
             try:
                 candidate = resolve(env_file, tmp_profiles)
             except GpushareError as err:
-                culprit = next((rc for rc in kept if any(rc.pool in str(p) for p in err.problems)), None)
-                for rc in [culprit] if culprit else kept:
-                    proposal.withheld[rc.pool] = f"the change does not resolve: {err.problems[0]}"
-                candidates = [rc for rc in kept if rc.pool not in proposal.withheld]
-                continue
-            added = violations(candidate) - baseline
+                # Name the files as the reviewer knows them, never the temporary copies.
+                text = str(err.problems[0]).replace(str(env_file), rel_env).replace(str(tmp_profiles), rel_profiles)
+                out.why = {rc.pool: f"the change does not resolve: {text}" for rc in applied}
+                return out
+        added = violations(candidate) - baseline
         if added:
-            blamed = [rc for rc in kept if any(rc.pool in m or candidate.pool(rc.pool).profile in m for _, m in added)]
-            for rc in blamed or kept:
-                proposal.withheld[rc.pool] = "guardrails: " + "; ".join(f"{rule}: {m}" for rule, m in sorted(added))
-            candidates = [rc for rc in kept if rc.pool not in proposal.withheld]
-            continue
-        proposal.applied = [rc.pool for rc in kept]
-        if kept:
-            proposal.files[rel_env] = (original, text)
-            for name, data in new_profiles.items():
-                proposal.files[f"{rel_profiles}/{name}.yaml"] = (None, dump_yaml(roundtrip_yaml(), data))
-        break
+            why = "guardrails: " + "; ".join(f"{rule}: {m}" for rule, m in sorted(added))
+            out.why = {rc.pool: why for rc in applied}
+        return out
+
+    proposal = Proposal()
+    candidates = [rc for rc in recs if rc.changes and not rc.gaps]
+    alone = []
+    for group in _groups(fleet, candidates):
+        tried = attempt([group])
+        proposal.withheld.update(tried.why)
+        if not tried.why:
+            alone.append((_value_first(group, sum(rc.gpus_now - tried.gpus[rc.pool] for rc in group)), group))
+    kept: list[list[Recommendation]] = []
+    for _, group in sorted(alone, key=lambda pair: pair[0]):
+        tried = attempt(kept + [group])
+        if tried.why:
+            others = ", ".join(rc.pool for g in kept for rc in g)
+            proposal.withheld.update({rc.pool: f"holds alone but not together with {others}: {tried.why[rc.pool]}"
+                                      for rc in group})
+        else:
+            kept.append(group)
+    if kept:
+        final = attempt(kept)
+        proposal.applied = [rc.pool for g in kept for rc in g]
+        proposal.files[rel_env] = (original, final.text)
+        for name, data in final.new_profiles.items():
+            proposal.files[f"{rel_profiles}/{name}.yaml"] = (None, dump_yaml(roundtrip_yaml(), data))
+        for g in kept:
+            for rc in g:
+                rc.notes += final.notes[rc.pool]
+                if rc.gpus_proposed is not None and rc.gpus_proposed < rc.gpus_now:
+                    rc.gpus_proposed = final.gpus[rc.pool]  # what the patch frees: only whole hosts leave
     return proposal
 
 
@@ -738,12 +1103,84 @@ def _check_options(source: str, window: str) -> None:
                                     fix="use e.g. 7d, 36h or 90m"), exit_code=2)
 
 
-def _no_utilization(url: str, fleet: ResolvedFleet, window: str, at: float) -> GpushareError:
-    return GpushareError(Problem(
-        f"Prometheus at {url} has no GPU utilization for any pool of {fleet.environment} in the "
-        f"{window} before {time.strftime('%Y-%m-%d %H:%M', time.gmtime(at))} UTC",
-        fix="check --window and --end, that dcgm-exporter is scraped, and that kube-state-metrics "
-            "exports the node label gpushare.io/pool (--metric-labels-allowlist)"))
+DCGM_UTILIZATION = "DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+
+
+def _series_text(sample: dict[str, Any]) -> str:
+    labels = dict(sample.get("metric", {}))
+    name = labels.pop("__name__", "")
+    shown = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())
+                      if k in ("instance", "gpu", "UUID", "pod", "node"))
+    return f"{name}{{{shown}}}"
+
+
+def diagnose_join(prom: Prometheus, fleet: ResolvedFleet, window: str, at: float) -> Problem:
+    """Why no pool has GPU utilization: which series lack which label (dcgm-exporter's Hostname, kube-state-metrics'
+    node label) or do not match each other, and the exporter setting that fixes it."""
+    when = f"the {window} before {time.strftime('%Y-%m-%d %H:%M', time.gmtime(at))} UTC"
+    pool_label = r.ksm_label(r.POOL_LABEL)
+
+    def some(name: str, selector: str) -> list[dict[str, Any]]:
+        # Label sets only (no samples): the diagnosis stays cheap at any scrape interval and window.
+        found = prom.series(name, selector, at - duration_seconds(window), at)
+        return sorted(found, key=lambda s: sorted(s["metric"].items()))[:3]
+
+    dcgm = some("DCGM utilization series", f'{{__name__=~"{DCGM_UTILIZATION}"}}')
+    if not dcgm:
+        return Problem(f"Prometheus at {prom.url} has no DCGM utilization series "
+                       f"({DCGM_UTILIZATION.replace('|', ', ')}) in {when}",
+                       fix="check --window and --end, and that dcgm-exporter is scraped")
+    hostless = some("DCGM series without Hostname", f'{{__name__=~"{DCGM_UTILIZATION}", Hostname=""}}')
+    if hostless:
+        return Problem(
+            f"DCGM series have no Hostname label, so gpushare cannot tell which node (and pool) a GPU is on: "
+            f"{', '.join(map(_series_text, hostless))} in {when}",
+            fix="run dcgm-exporter without --no-hostname (-n) and without DCGM_EXPORTER_NO_HOSTNAME=true; on "
+                "Kubernetes give it NODE_NAME from the pod's spec.nodeName (the GPU Operator does), so Hostname is the "
+                "node's name")
+    nodes = some("kube_node_labels", "kube_node_labels")
+    if not nodes:
+        return Problem(f"Prometheus at {prom.url} has no kube_node_labels series in {when}",
+                       fix="scrape kube-state-metrics (it exports kube_node_labels)")
+    pooled = some("kube_node_labels with the pool label", f'kube_node_labels{{{pool_label}!=""}}')
+    if not pooled:
+        return Problem(
+            f"kube_node_labels has no {pool_label} label (node label {r.POOL_LABEL}) on any series in {when}, e.g. "
+            f"{', '.join(map(_series_text, nodes))}",
+            fix="start kube-state-metrics with --metric-labels-allowlist=nodes=[" +
+                ",".join(r.kube_state_metrics_label_allowlist()) + "] (Helm: metricLabelsAllowlist), and check that "
+                "`pulumi up` labelled the nodes")
+    hosts = sorted({str(s["metric"].get("Hostname")) for s in dcgm})
+    names = sorted({str(s["metric"].get("node")) for s in pooled})
+    return Problem(
+        f"DCGM's Hostname values (e.g. {', '.join(hosts)}) match no node of kube_node_labels with a pool label (e.g. "
+        f"{', '.join(names)}) for any pool of {fleet.environment} in {when}",
+        fix="make dcgm-exporter's Hostname the Kubernetes node name (NODE_NAME from spec.nodeName on Kubernetes, or "
+            "the host's name equal to the node's), and check that the pools' names match the environment file")
+
+
+def find_node_gaps(prom: Prometheus, fleet: ResolvedFleet, guardrails: Guardrails, evidence: dict[str, PoolEvidence],
+                   window: str, at: float, source: str) -> None:
+    """The dated gaps of every node below capacity.min_coverage, into its pool's evidence. Read only where such a
+    node exists: the per-node expression's step times (`timestamp()` of an aggregate is the step), in the same
+    chunks as every window read."""
+    floor = guardrails.capacity.min_coverage
+    if not any(share < floor for e in evidence.values() for share in e.node_coverage.values()):
+        return
+    step = guardrails.capacity.step
+    expr = next(x for name, x, _ in _window_queries(fleet, guardrails, fleet.pools, window, source)
+                if name == "coverage per node")
+    stat = window_stat(expr, window, step)
+    if stat is None:
+        return
+    first, last, step_ms = window_steps(window, step, at)
+    series = read_steps(prom, "gaps per node", f"timestamp({stat.inner})", (first, last, step_ms))
+    for key, times in series.items():
+        labels = dict(key)
+        e = evidence.get(labels.get("pool", ""))
+        node = labels.get("node", "")
+        if e is not None and e.node_coverage.get(node, 1.0) < floor:
+            e.node_gaps[node] = coverage_gaps(times, first / 1000, last / 1000, step_ms // 1000)
 
 
 def run_capacity(env: str, prometheus: str, window: str = "7d", end: float | None = None, source: str = "auto",
@@ -764,7 +1201,8 @@ def run_capacity(env: str, prometheus: str, window: str = "7d", end: float | Non
     evidence, used = collect_evidence(prom, fleet, guardrails, window, at,
                                       lambda name: progress(f"Prometheus: {name}"), source)
     if not any(e.utilization_mean is not None for e in evidence.values()):
-        raise _no_utilization(prometheus, fleet, window, at)
+        raise GpushareError(diagnose_join(prom, fleet, window, at))
+    find_node_gaps(prom, fleet, guardrails, evidence, window, at, used)
     progress("sizing pools")
     recs = recommend(fleet, guardrails, evidence, window)
     progress("checking the proposed change (resolve, MIG check, guardrails)")

@@ -30,6 +30,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from gpushare.core.coverage import coverage_gaps, duration_text, gaps_text, utc
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import Guardrails, duration_seconds, guardrails_path
 from gpushare.core.paths import default_profiles_dir, patch_path
@@ -274,7 +275,8 @@ def continuous_run(times: list[float], at: float, step: int) -> tuple[float, flo
 
 
 def _days(seconds: float) -> str:
-    return f"{seconds / DAY:.1f} d"
+    """A run time in days; under a day in the unit that reads best (never "0.0 d")."""
+    return f"{seconds / DAY:.1f} d" if seconds >= DAY or seconds <= 0 else duration_text(seconds)
 
 
 def run_time_gates(prom: Prometheus, found: list[Item], guardrails: Guardrails, at: float) -> list[Gate]:
@@ -296,7 +298,7 @@ def run_time_gates(prom: Prometheus, found: list[Item], guardrails: Guardrails, 
             detail = ("no evidence: not running on any source node at --at" if not times else
                       f"stopped running {_days(at - max(times))} before --at")
         else:
-            detail = f"running without a gap since {_utc(since)}"
+            detail = f"running without a gap since {utc(since)}"
         if item.note:
             detail += f" ({item.note})"
         gates.append(Gate("run-time", item.label, measured, required, run >= policy.min_days * DAY - step / 2,
@@ -309,12 +311,6 @@ def _finite(text: Any) -> bool:
         return math.isfinite(float(text))
     except (TypeError, ValueError):
         return False
-
-
-def _utc(t: float) -> str:
-    import time
-
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
 
 
 # ---------------------------------------------------------------- health of the source over the window
@@ -347,13 +343,36 @@ class _Window:
         """A DCGM expression keyed by Hostname, kept on the source's nodes."""
         return f"(\n  {r.to_node(expr)}\n) and on (node) {self.nodes}"
 
-    def reporting(self, prom: Prometheus, name: str, by_node: str, expected: dict[str, int]) -> list[str]:
-        """Pools with fewer nodes reporting than expected: the gaps in the evidence."""
-        counts = {s["metric"].get("pool"): float(s["value"][1]) for s in prom.query(
-            f"{name} coverage", f"count by (pool) (\n  {by_node}\n  * on (node) group_left (pool) {self.node_pool}\n)",
-            self.at)}
-        return [f"pool {pool}: {int(counts.get(pool, 0))} of {want} node(s) report {name}"
-                for pool, want in sorted(expected.items()) if want and counts.get(pool, 0) < want]
+    def reporting(self, prom: Prometheus, name: str, by_node: str, expected: dict[str, int],
+                  min_coverage: float) -> list[str]:
+        """The gaps in the evidence: pools with fewer nodes than expected, and nodes that reported in less than
+        min_coverage of the window's steps (each gap named with its dates). `by_node` is keyed by node and asks
+        whether the node reported within one step."""
+        step = duration_seconds(self.step)
+        points = duration_seconds(self.window) // step
+        start = self.at - (points - 1) * step
+        pools = {str(s["metric"].get("node")): str(s["metric"].get("pool"))
+                 for s in prom.query("nodes of the source", f"max by (node, pool) ({self.node_pool})", self.at)}
+        times: dict[str, dict[str, list[float]]] = {}
+        for s in prom.query_range(f"{name} coverage", f"max by (node) (\n  {by_node}\n)", start, self.at, step):
+            node = str(s.get("metric", {}).get("node"))
+            if node in pools:
+                times.setdefault(pools[node], {})[node] = [float(ts) for ts, v in s.get("values", []) if _finite(v)]
+        gaps = []
+        for pool, want in sorted(expected.items()):
+            nodes = times.get(pool, {})
+            if want and len(nodes) < want:
+                hosts = [n.name for p in self.source.pools if p.name == pool and p.cloud is None for n in p.nodes]
+                silent = [h for h in hosts if h not in nodes]
+                gaps.append(f"pool {pool}: {len(nodes)} of {want} node(s) report {name}" +
+                            (f" (no data all window: {', '.join(silent[:5])})" if silent else ""))
+            for node, present in sorted(nodes.items()):
+                share = len(present) / points
+                if share < min_coverage:
+                    missing = coverage_gaps(present, start, self.at, step)
+                    gaps.append(f"{node} ({pool}) reported {name} in {share:.0%} of the window (promotion.min_coverage "
+                                f"{min_coverage:.0%}): " + gaps_text(missing))
+        return gaps
 
 
 def _health_gate(gate: str, item: str, findings: list[str], gaps: list[str], required: str) -> Gate:
@@ -362,7 +381,7 @@ def _health_gate(gate: str, item: str, findings: list[str], gaps: list[str], req
                     "; ".join(findings[:10]) + (f" and {len(findings) - 10} more" if len(findings) > 10 else ""))
     if gaps:
         return Gate(gate, item, "no evidence", required, False, "; ".join(gaps))
-    return Gate(gate, item, "none", required, True, "every expected node reported")
+    return Gate(gate, item, "none", required, True, "every expected node reported throughout the window")
 
 
 def health_gates(prom: Prometheus, source: ResolvedFleet, guardrails: Guardrails, at: float) -> list[Gate]:
@@ -374,7 +393,7 @@ def health_gates(prom: Prometheus, source: ResolvedFleet, guardrails: Guardrails
     gates = []
 
     def by_node(metric: str) -> str:
-        return r.to_node(f"max by (Hostname) (max_over_time({metric}[{window}]))")
+        return r.to_node(f"max by (Hostname) (max_over_time({metric}[{step}]))")
 
     # XIDs: the gauge holds the last XID (new where it changed), the exporter's counter counts them by xid.
     xid = "DCGM_FI_DEV_XID_ERRORS"
@@ -389,7 +408,7 @@ def health_gates(prom: Prometheus, source: ResolvedFleet, guardrails: Guardrails
                 for s in prom.query("new XIDs", gauge, at)]
     findings += [f"XID {s['metric'].get('xid')} x{_num(s)} on {s['metric'].get('UUID')} of {s['metric'].get('node')}"
                  for s in prom.query("XID counts", counter, at)]
-    gaps = w.reporting(prom, xid, by_node(xid), dcgm_expected)
+    gaps = w.reporting(prom, xid, by_node(xid), dcgm_expected, policy.min_coverage)
     ignoring = f" (ignoring {', '.join(map(str, policy.ignored_xids))})" if policy.ignored_xids else ""
     gates.append(_health_gate("xid", f"XID errors on {where}{ignoring}", findings, gaps, "none"))
 
@@ -401,7 +420,7 @@ def health_gates(prom: Prometheus, source: ResolvedFleet, guardrails: Guardrails
     findings += [f"row remapping failed on {s['metric'].get('UUID')} of {s['metric'].get('node')}"
                  for s in prom.query("row remap failures", remap, at)]
     gaps = w.reporting(prom, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", by_node("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
-                       dcgm_expected)
+                       dcgm_expected, policy.min_coverage)
     gates.append(_health_gate("ecc", f"ECC errors on {where}", findings, gaps, "none"))
 
     # MIG reconfiguration: a failed state label on any of the source's nodes during the window.
@@ -410,6 +429,9 @@ def health_gates(prom: Prometheus, source: ResolvedFleet, guardrails: Guardrails
     def state(value: str) -> str:
         return " or ".join(_labelled(source.environment, window, f"{ksm_label(lab)}{value}") for lab, _ in states)
 
+    def state_now(value: str) -> str:
+        return " or ".join(_labelled(source.environment, step, f"{ksm_label(lab)}{value}") for lab, _ in states)
+
     mig_expected = {p.name: _expected_nodes(p, [n for n in p.nodes if n.mig_config and n.managed_by != "gke"])
                     for p in source.pools}
     if not any(mig_expected.values()):
@@ -417,9 +439,9 @@ def health_gates(prom: Prometheus, source: ResolvedFleet, guardrails: Guardrails
                           f"no MIG-capable GPUs that gpushare configures in {source.environment}", applies=False))
     else:
         failed_expr = "max by (node) (" + state('="failed"') + ")"
-        any_state = "max by (node) (" + state('!=""') + ")"
+        any_state = "max by (node) (" + state_now('!=""') + ")"
         failed = [str(s["metric"].get("node")) for s in prom.query("failed MIG reconfigurations", failed_expr, at)]
-        gaps = w.reporting(prom, "a MIG state label", any_state, mig_expected)
+        gaps = w.reporting(prom, "a MIG state label", any_state, mig_expected, policy.min_coverage)
         gates.append(_health_gate("mig-reconfiguration", f"MIG reconfigurations on {where}",
                                   [f"failed on {n}" for n in sorted(failed)], gaps, "none failed"))
 
@@ -429,7 +451,9 @@ def health_gates(prom: Prometheus, source: ResolvedFleet, guardrails: Guardrails
 
 
 def _num(sample: dict[str, Any]) -> str:
-    return f"{float(sample['value'][1]):g}"
+    """A count from increase() (an extrapolation: 1.00024 errors is one error), printed as a whole number."""
+    value = float(sample["value"][1])
+    return str(max(1, round(value))) if math.isfinite(value) and value > 0 else f"{value:g}"
 
 
 def utilization_gate(prom: Prometheus, source: ResolvedFleet, guardrails: Guardrails, w: _Window, at: float) -> Gate:

@@ -220,7 +220,9 @@ def command_lines(draw: st.DrawFn) -> list[str]:
         return [kind, "--env", draw(ENV_ARG)]
     if kind == "capacity":
         window = draw(st.sampled_from(["7d", "0d", "x", "99999999999999999999d", "1h"]))
-        return ["capacity", "--env", draw(ENV_ARG), "--prometheus", draw(PROM_ARG), "--window", window]
+        backfill = draw(st.sampled_from([[], ["--backfill-rules", draw(OUT_ARG)], ["--data-dir", "inputs/dir.yaml"],
+                                         ["--backfill-rules", "out/b", "--data-dir", draw(OUT_ARG)]]))
+        return ["capacity", "--env", draw(ENV_ARG), "--prometheus", draw(PROM_ARG), "--window", window, *backfill]
     if kind == "check":
         today = draw(st.sampled_from(["2026-12-01", "2026-02-30", "tomorrow", ""]))
         waivers = draw(st.sampled_from(["inputs/missing.yaml", "inputs/dir.yaml", "inputs/fifo.yaml", "/dev/null"]))

@@ -35,6 +35,7 @@ class History:
     xids: tuple[tuple[int, str, int], ...] = ()  # (time, node, XID) on the node's first GPU
     ecc_dbe: tuple[tuple[int, str], ...] = ()  # (time, node): a double-bit error on the node's first GPU
     mig_failed: tuple[int, int, str] | None = None  # (from, to, node): MIG state failed meanwhile
+    dcgm_gap: tuple[int, int, str] | None = None  # (from, to, node): the node's dcgm-exporter sent nothing meanwhile
     node_step: int = 300  # kube-state-metrics
     dcgm_step: int = 900  # dcgm-exporter and Kueue (coarser: keeps the backfill small)
     gpus_per_node: int = 2  # GPUs per node in the data (the gates count reporting nodes)
@@ -60,6 +61,9 @@ def write_history(h: History, out: TextIO) -> int:
         nonlocal count
         head = name + _labels(labels) + " "
         for t in range(start, end + 1, step):
+            if name.startswith("DCGM_") and h.dcgm_gap and labels.get("Hostname") == h.dcgm_gap[2] \
+                    and h.dcgm_gap[0] <= t <= h.dcgm_gap[1]:
+                continue
             v = value(t) if callable(value) else value
             out.write(f"{head}{v:.6g} {t}\n")
             count += 1

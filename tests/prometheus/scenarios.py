@@ -35,6 +35,13 @@ class PoolLoad:
     pending: float = 0.0
     wait_seconds: float = 30.0
     allocated_share: float = 1.0  # share of the advertised units that pods hold
+    hostname: bool = True  # dcgm-exporter's Hostname label (absent with --no-hostname / DCGM_EXPORTER_NO_HOSTNAME)
+    unschedulable: tuple[str, int] | None = None  # (resource, pods): unschedulable pods asking for one each
+    mig_util: dict[str, float] | None = None  # MIG profile -> mean busy share of its instances (else util)
+    mig_memory_mib: dict[str, int] | None = None  # MIG profile -> framebuffer its instances use (else pod_memory_mib)
+    dcgm_gap: tuple[int, int, str] | None = None  # (from, to, node): that node's dcgm-exporter sent nothing meanwhile
+    # the queue's kueue_cluster_queue_resource_pending (Kueue metrics.enableClusterQueueResources): resource -> amount
+    pending_resources: dict[str, float] | None = None
 
 
 @dataclass
@@ -50,10 +57,15 @@ def _labels(labels: dict[str, str]) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 
 
-def _util(load: PoolLoad, t: int, salt: int) -> float:
+def _number(v: float) -> str:
+    """Six digits keep the files small; timestamps as values (kube_pod_created) need every digit."""
+    return f"{v:.6g}" if abs(v) < 1e6 else f"{v:.0f}"
+
+
+def _util(load: PoolLoad, t: int, salt: int, mean: float | None = None) -> float:
     day = math.sin(2 * math.pi * (t % 86400) / 86400)
     jitter = math.sin(t / 997.0 + salt) * 0.02
-    return min(1.0, max(0.0, load.util + load.swing * day + jitter))
+    return min(1.0, max(0.0, (load.util if mean is None else mean) + load.swing * day + jitter))
 
 
 def _units(load: PoolLoad) -> Iterator[tuple[str, str, int, dict[str, str], int, str]]:
@@ -77,11 +89,13 @@ def write_openmetrics(scenario: Scenario, out: TextIO) -> int:
     times = range(scenario.start, scenario.end + 1, scenario.step)
     count = 0
 
-    def series(name: str, labels: dict[str, str], values: Iterator[float] | list[float]) -> None:
+    def series(name: str, labels: dict[str, str], values: Iterator[float] | list[float],
+               gap: tuple[int, int] | None = None) -> None:
         nonlocal count
         head = name + _labels(labels) + " "
-        out.writelines(f"{head}{v:.6g} {t}\n" for t, v in zip(times, values, strict=True))
-        count += len(times)
+        kept = [(t, v) for t, v in zip(times, values, strict=True) if gap is None or not gap[0] <= t <= gap[1]]
+        out.writelines(f"{head}{_number(v)} {t}\n" for t, v in kept)
+        count += len(kept)
 
     def const(v: float) -> list[float]:
         return [v] * len(times)
@@ -92,7 +106,11 @@ def write_openmetrics(scenario: Scenario, out: TextIO) -> int:
         units = list(_units(load))
         for salt, (node, uuid, g, mig, mib, resource) in enumerate(units):
             base = {"Hostname": node, "UUID": uuid, "gpu": str(g), "modelName": load.model, **mig}
-            util = [_util(load, t, salt) for t in times]
+            gap = load.dcgm_gap[:2] if load.dcgm_gap and load.dcgm_gap[2] == node else None
+            if not load.hostname:
+                del base["Hostname"]
+            profile = mig.get("GPU_I_PROFILE", "")
+            util = [_util(load, t, salt, (load.mig_util or {}).get(profile)) for t in times]
             per_gpu = load.replicas or 1
             allocatable[(node, resource)] = allocatable.get((node, resource), 0) + per_gpu
             holders = max(0, round(per_gpu * load.allocated_share))
@@ -101,11 +119,11 @@ def write_openmetrics(scenario: Scenario, out: TextIO) -> int:
                 for v in range(load.replicas):
                     pod = f"{load.pool}-{node}-{g}-{v}"
                     labels = {**base, "vgpu": str(v), "namespace": load.namespace, "pod": pod}
-                    series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, util)  # the device value, repeated
-                    series("DCGM_FI_DEV_FB_FREE", labels, const(mib - used))
+                    series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, util, gap)  # the device value, repeated
+                    series("DCGM_FI_DEV_FB_FREE", labels, const(mib - used), gap)
                     if v < holders:
-                        series("DCGM_FI_DEV_FB_USED", labels, const(load.pod_memory_mib))
-                        series("DCGM_FI_DEV_GPU_UTIL", labels, [100 * u / holders for u in util])
+                        series("DCGM_FI_DEV_FB_USED", labels, const(load.pod_memory_mib), gap)
+                        series("DCGM_FI_DEV_GPU_UTIL", labels, [100 * u / holders for u in util], gap)
                         pods.append((node, pod, resource))
             else:
                 labels = dict(base)
@@ -113,9 +131,10 @@ def write_openmetrics(scenario: Scenario, out: TextIO) -> int:
                     pod = f"{load.pool}-{node}-{g}-{mig.get('GPU_I_ID', '0')}"
                     labels |= {"namespace": load.namespace, "pod": pod}
                     pods.append((node, pod, resource))
-                series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, util)
-                series("DCGM_FI_DEV_FB_USED", labels, const(load.pod_memory_mib))
-                series("DCGM_FI_DEV_FB_FREE", labels, const(mib - load.pod_memory_mib))
+                used_mib = (load.mig_memory_mib or {}).get(profile, load.pod_memory_mib)
+                series("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, util, gap)
+                series("DCGM_FI_DEV_FB_USED", labels, const(used_mib), gap)
+                series("DCGM_FI_DEV_FB_FREE", labels, const(mib - used_mib), gap)
         for node in load.nodes:
             series("kube_node_labels", {"node": node, "label_gpushare_io_pool": load.pool}, const(1))
         for (node, resource), n in allocatable.items():
@@ -125,8 +144,20 @@ def write_openmetrics(scenario: Scenario, out: TextIO) -> int:
                                                             "container": "main", "node": node, "resource": resource,
                                                             "unit": "integer"}, const(1))
             series("kube_pod_status_phase", {"namespace": load.namespace, "pod": pod, "phase": "Running"}, const(1))
+        if load.unschedulable:
+            resource, count = load.unschedulable
+            for i in range(count):
+                pod = {"namespace": load.namespace, "pod": f"{load.pool}-waiting-{i}"}
+                series("kube_pod_container_resource_requests", {**pod, "container": "main", "node": "",
+                                                                "resource": resource, "unit": "integer"}, const(1))
+                series("kube_pod_status_phase", {**pod, "phase": "Pending"}, const(1))
+                series("kube_pod_status_unschedulable", {**pod, "uid": pod["pod"]}, const(1))
+                series("kube_pod_created", {**pod, "uid": pod["pod"]}, const(scenario.start))
         if load.queue:
             series("kueue_pending_workloads", {"cluster_queue": load.queue, "status": "active"}, const(load.pending))
+            for resource, amount in (load.pending_resources or {}).items():
+                series("kueue_cluster_queue_resource_pending", {"cluster_queue": load.queue, "resource": resource},
+                       const(amount))
             for le in WAIT_BUCKETS:
                 admitted = [float(i) if load.wait_seconds <= le else 0.0 for i in range(len(times))]
                 series("kueue_admission_wait_time_seconds_bucket",
@@ -160,28 +191,6 @@ def create_blocks(source: Path, data_dir: Path, span_seconds: float) -> None:
     source.unlink()
 
 
-def rule_levels(groups: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Recording rules by dependency depth: a level reads only series of the levels before it."""
-    from gpushare.render.monitoring.promql import metric_names
-
-    rules = [rule for g in groups for rule in g["rules"] if "record" in rule]
-    recorded = {rule["record"] for rule in rules}
-    depth: dict[str, int] = {}
-    changed = True
-    while changed:
-        changed = False
-        for rule in rules:
-            deps = metric_names(rule["expr"]) & recorded
-            d = 1 + max((depth.get(dep, 0) for dep in deps), default=-1)
-            if depth.get(rule["record"], -1) < d:
-                depth[rule["record"]] = d
-                changed = True
-    levels: list[list[dict[str, Any]]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
-    for rule in rules:
-        levels[depth[rule["record"]]].append(rule)
-    return levels
-
-
 def backfill_recording_rules(groups: list[dict[str, Any]], data_dir: Path, work: Path, start: int, end: int) -> None:
     """What gpushare's recording rules would have recorded over [start, end], level by level: each level is
     evaluated by `promtool tsdb create-blocks-from rules` against a server that already holds the levels before."""
@@ -190,6 +199,7 @@ def backfill_recording_rules(groups: list[dict[str, Any]], data_dir: Path, work:
 
     import yaml
 
+    from gpushare.ops.backfill import rule_levels
     from tests.prometheus.promtool import promtool
     from tests.prometheus.server import prometheus_server
 

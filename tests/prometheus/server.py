@@ -21,8 +21,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def prometheus_server(data_dir: Path, work: Path, rule_files: tuple[Path, ...] = (), retention: str = "60d"
-                      ) -> Iterator[str]:
+def prometheus_server(data_dir: Path, work: Path, rule_files: tuple[Path, ...] = (), retention: str = "60d",
+                      max_samples: int = 200_000_000) -> Iterator[str]:
+    """`max_samples` 50,000,000 is the server's own default (--query.max-samples)."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("prometheus is not installed: run `make promtool` (Debian's prometheus package)")
@@ -34,7 +35,7 @@ def prometheus_server(data_dir: Path, work: Path, rule_files: tuple[Path, ...] =
     process = subprocess.Popen(
         [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
          f"--web.listen-address=127.0.0.1:{port}", f"--storage.tsdb.retention.time={retention}",
-         "--query.max-samples=200000000", "--log.level=warn"],
+         f"--query.max-samples={max_samples}", "--log.level=warn"],
         stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

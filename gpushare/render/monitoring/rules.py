@@ -50,8 +50,10 @@ RECENT_POD_SECONDS = 3600
 KUBE_STATE_METRICS = frozenset({
     "kube_node_labels", "kube_node_status_allocatable", "kube_pod_container_resource_requests",
     "kube_pod_status_phase", "kube_pod_status_unschedulable", "kube_pod_created", "kube_pod_status_scheduled_time",
+    "kube_pod_nodeselectors",  # opt-in; where absent, an unschedulable pod's request is split over the pools
 })
-KUEUE_METRICS = frozenset({"kueue_pending_workloads", "kueue_admission_wait_time_seconds_bucket"})
+KUEUE_METRICS = frozenset({"kueue_pending_workloads", "kueue_cluster_queue_resource_pending",
+                           "kueue_admission_wait_time_seconds_bucket"})
 
 
 # Node labels `gpushare promote` reads (gpushare.promote): which environment a node is in, and what it runs.
@@ -256,18 +258,88 @@ def pool_requests_selector(pool: ResolvedPool) -> str:
 
 
 UNSCHEDULABLE = "(max by (namespace, pod) (kube_pod_status_unschedulable) == 1)"
+# A pod's gpushare.io/pool node selector (Kueue's ResourceFlavor puts it there at admission), where kube-state-metrics
+# exports kube_pod_nodeselectors (opt-in: --metric-opt-in-list=kube_pod_nodeselectors).
+NODE_SELECTOR = f"nodeselector_{ksm_name(POOL_LABEL)}"
+
+
+def _pinned_elsewhere(pool: ResolvedPool) -> str:
+    return f'kube_pod_nodeselectors{{{NODE_SELECTOR}!="", {NODE_SELECTOR}!="{pool.name}"}}'
 
 
 def unschedulable_pod_age_expr(pool: ResolvedPool) -> str:
+    """The oldest unschedulable pod that asks for a resource the pool advertises and is not pinned to another pool."""
     return f"""max(
   (time() - max by (namespace, pod) (kube_pod_created))
   and on (namespace, pod) {UNSCHEDULABLE}
   and on (namespace, pod) {pool_requests_selector(pool)}
+  unless on (namespace, pod) {_pinned_elsewhere(pool)}
 )"""
 
 
-def unschedulable_requests_expr(pool: ResolvedPool) -> str:
-    return f"sum({pool_requests_selector(pool)} * on (namespace, pod) group_left () {UNSCHEDULABLE})"
+def pools_advertising(pools: list[ResolvedPool]) -> dict[str, list[str]]:
+    """kube-state-metrics resource name -> the pools (of one cluster's rules) that advertise it."""
+    out: dict[str, list[str]] = {}
+    for p in pools:
+        for res in _pool_resources(p):
+            out.setdefault(res, []).append(p.name)
+    return out
+
+
+def unschedulable_requests_expr(pool: ResolvedPool, pools: list[ResolvedPool]) -> str:
+    """GPU resources requested by unschedulable pods that the pool could run: all of a pod pinned to the pool by its
+    gpushare.io/pool node selector; an unpinned pod's request split evenly over the pools that advertise its
+    resource (a pod asking for nvidia.com/mig-3g.40gb counts once, across the pools that have that instance)."""
+    pending = f"* on (namespace, pod) group_left () {UNSCHEDULABLE}"
+    pinned = f'kube_pod_nodeselectors{{{NODE_SELECTOR}="{pool.name}"}}'
+    parts = [f"sum({pool_requests_selector(pool)} {pending} and on (namespace, pod) {pinned})"]
+    by_resource = pools_advertising(pools)
+    for res in _pool_resources(pool):
+        unpinned = f'kube_pod_nodeselectors{{{NODE_SELECTOR}!=""}}'
+        share = f" / {len(by_resource.get(res, [pool.name]))}" if len(by_resource.get(res, [])) > 1 else ""
+        parts.append(f'sum(kube_pod_container_resource_requests{{resource="{res}"}} {pending} '
+                     f"unless on (namespace, pod) {unpinned}){share}")
+    return sum_present(parts)
+
+
+def sum_present(parts: list[str]) -> str:
+    """The sum of the single-series expressions that have a value, and no value where none has one (so that "no
+    data" stays apart from 0): each part is told apart by a label, joined with `or`, then summed."""
+    if len(parts) == 1:
+        return parts[0]
+    labelled = [f'label_replace({x}, "part", "{i}", "", "")' for i, x in enumerate(parts)]
+    return "sum(\n  " + "\n  or ".join(labelled) + "\n)"
+
+
+def queues_by_pool(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[ResolvedPool]
+                   ) -> tuple[dict[str, list[str]], dict[str, list[ResolvedPool]]]:
+    """(pool -> the Kueue ClusterQueues that reach it, queue -> the pools it reaches)."""
+    queues = pool_queues(fleet, guardrails, pools)
+    reach: dict[str, list[ResolvedPool]] = {}
+    for p in pools:
+        for q in queues.get(p.name, []):
+            reach.setdefault(q, []).append(p)
+    return queues, reach
+
+
+def _split(expr: str, ways: int) -> str:
+    return f"{expr} / {ways}" if ways > 1 else expr
+
+
+def pool_pending_workloads_expr(pool: ResolvedPool, queues: list[str], reach: dict[str, list[ResolvedPool]]) -> str:
+    """Pending Kueue demand of the queues that reach a pool, counted once over the pools. Kueue does not say which
+    flavor a pending workload waits for, only (with metrics.enableClusterQueueResources, Kueue 0.18 and later) its
+    queue's pending requests per resource: those of each resource the pool advertises are split evenly over the
+    pools the queue reaches that advertise it; a queue without them has its pending workloads split evenly over
+    every pool it reaches."""
+    parts = []
+    for q in queues:
+        by_resource = [_split(f'sum(kueue_cluster_queue_resource_pending{{cluster_queue="{q}", resource="{res}"}})',
+                              sum(1 for p in reach[q] if res in p.totals.advertised))
+                       for res in sorted(pool.totals.advertised)]
+        workloads = _split(f'sum(kueue_pending_workloads{{cluster_queue="{q}"}})', len(reach[q]))
+        parts.append(f"(\n  {sum_present(by_resource)}\n) or ({workloads})")
+    return sum_present(parts)
 
 
 def _record(name: str, expr: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -388,15 +460,17 @@ histogram_quantile(0.9, sum by (tenant, le) (
 ))"""))
 
     # -- contention per pool: Kueue queues that reach the pool, and GPU pods outside Kueue
-    for pool, queues in pool_queues(fleet, guardrails, pools).items():
+    by_pool, reach = queues_by_pool(fleet, guardrails, pools)
+    for pool, queues in by_pool.items():
         selector = f'cluster_queue=~"{alternatives(queues)}"'
         rules.append(_record("gpushare:pool_pending_workloads:sum",
-                             f"sum(kueue_pending_workloads{{{selector}}})", {"pool": pool}))
+                             pool_pending_workloads_expr(next(p for p in pools if p.name == pool), queues, reach),
+                             {"pool": pool}))
         rules.append(_record("gpushare:pool_admission_wait_seconds:p90", f"""
 histogram_quantile(0.9, sum by (le) (rate(kueue_admission_wait_time_seconds_bucket{{{selector}}}[{WAIT_WINDOW}])))""",
                              {"pool": pool}))
     for p in pools:
-        rules.append(_record("gpushare:pool_unschedulable_gpu_requests:sum", unschedulable_requests_expr(p),
+        rules.append(_record("gpushare:pool_unschedulable_gpu_requests:sum", unschedulable_requests_expr(p, pools),
                              {"pool": p.name}))
         rules.append(_record("gpushare:pool_unschedulable_pod_age_seconds:max", unschedulable_pod_age_expr(p),
                              {"pool": p.name}))
