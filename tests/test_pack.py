@@ -389,6 +389,21 @@ def test_an_80_gib_untrusted_replica_no_longer_fits_a_whole_h100() -> None:
     assert pack(make({"memory_gib": 80, "compute": 0.5, "trust": "untrusted"}, context_reserve_gib=0)).gpus_used == 1
 
 
+def test_the_guardrails_set_the_context_reserve_and_the_demand_file_overrides_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    workspace = tmp_path / "ws"
+    shutil.copytree(ROOT / "tests" / "fixtures", workspace)
+    rails = workspace / "policies" / "guardrails.yaml"
+    rails.write_text(rails.read_text() + "planner: {context_reserve_gib: 0}\n")
+    monkeypatch.setenv("GPUSHARE_ROOT", str(workspace))
+    whole = {"memory_gib": 80, "compute": 0.5, "trust": "untrusted"}
+    assert pack(make(whole)).demand.context_reserve_gib == 0 and pack(make(whole)).gpus_used == 1
+    with pytest.raises(GpushareError, match="CUDA context"):
+        pack(make(whole, context_reserve_gib=0.5))  # set in the demand file: it wins over the guardrails
+
+
 def test_the_context_reserve_takes_room_on_a_shared_unit() -> None:
     # Eight 10 GiB MPS clients filled one 80 GiB GPU; with 0.5 GiB of context each they need two.
     eight = {"memory_gib": 10, "compute": 0.1, "replicas": 8, "kind": "online"}

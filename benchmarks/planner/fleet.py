@@ -3,7 +3,8 @@
 For every mix and size: a fleet planned for last quarter's demand (the same mix and size, another seed) is written
 as the dev environment of a fresh workspace (`gpushare init`); this quarter's demand is then re-planned onto it with
 `gpushare pack --fleet dev` (H100s may be added). Prints GPUs reconfigured / the proven lower bound on them, hosts
-drained, GPUs added and idle, GPUs used / the GPU lower bound and the wall time. Not a test: the figures go to
+drained, GPUs added / the proven lower bound on them, GPUs idle, GPUs used / the GPU lower bound and the wall
+time. Not a test: the figures go to
 benchmarks/README.md ("Planner: re-planning a fleet").
 """
 
@@ -53,7 +54,8 @@ def run(mix: str, size: int) -> dict[str, object]:
     c = plan.changes
     return {"mix": mix, "workloads": size, "fleet_gpus": c.gpus_freed + plan.gpus_used - c.gpus_added,
             "reconfigured": c.gpus_reconfigured, "change_bound": c.lower_bound,
-            "hosts_drained": len(c.nodes_drained), "added": c.gpus_added, "idle": c.gpus_freed,
+            "hosts_drained": len(c.nodes_drained), "added": c.gpus_added, "added_bound": c.gpus_added_bound,
+            "idle": c.gpus_freed,
             "gpus": plan.gpus_used, "gpu_bound": plan.lower_bound, "seconds": round(wall, 2)}
 
 

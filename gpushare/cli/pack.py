@@ -126,7 +126,8 @@ def _print_plan(plan: PackPlan, env_out: Path | None) -> None:
         c = plan.changes
         console.print(f"changes: {c.gpus_reconfigured} GPUs reconfigured (proven lower bound {c.lower_bound}) on "
                       f"{len(c.nodes_drained)} hosts to drain: {', '.join(c.nodes_drained) or 'none'}; "
-                      f"{c.gpus_added} GPUs added, {c.gpus_freed} left idle", soft_wrap=True)
+                      f"{c.gpus_added} GPUs added (proven lower bound {c.gpus_added_bound}), {c.gpus_freed} left "
+                      "idle", soft_wrap=True)
     for note in plan.problem.notes:
         console.print(f"note: {note}", soft_wrap=True)
     for warning in plan.problem.warnings:

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.guardrails import DEFAULT_CONTEXT_RESERVE_GIB
 from gpushare.core.spec import NAME_PATTERN, Located, Strict, file_body, invalid, read_yaml, validation_problems
 
 Kind = Literal["online", "batch", "dev"]
@@ -23,8 +24,6 @@ Latency = Literal["high", "medium", "low"]
 DEFAULT_LATENCY: dict[str, Latency] = {"online": "medium", "batch": "low", "dev": "low"}
 # R580 is NVIDIA's current long-term support branch; without --env the plan assumes it (docs/pack.md).
 DEFAULT_DRIVER_BRANCH = 580
-# Memory each replica's CUDA context takes beside its own: an estimate, not an NVIDIA figure (docs/pack.md).
-DEFAULT_CONTEXT_RESERVE_GIB = 0.5
 
 
 class GpuSupply(Strict):
@@ -81,7 +80,7 @@ class Demand(Strict):
     context_reserve_gib: float = Field(
         DEFAULT_CONTEXT_RESERVE_GIB, ge=0, le=16,
         description="GPU memory one replica's CUDA context takes beside memory_gib; every replica is planned "
-        "with memory_gib plus this.",
+        "with memory_gib plus this. Unset: policies/guardrails.yaml planner.context_reserve_gib, else 0.5.",
     )
     gpus: list[GpuSupply] = Field(default_factory=list, description="GPU models available (or give --gpus).")
     workloads: list[Workload] = Field(default_factory=list)

@@ -303,6 +303,7 @@ def plan_demand(demand: Demand, doc: Located | None = None, *, env: str | None =
     elif limits.driver_branch != demand.driver_branch and "driver_branch" in demand.model_fields_set:
         limits.notes.append(f"driver branch R{limits.driver_branch} from environment {limits.environment}, not the "
                             f"demand's R{demand.driver_branch}")
+    demand = with_context_reserve(demand)
     hosts: list[FleetHost] = []
     addable: dict[str, int | None] = {}
     if fleet is not None:
@@ -339,6 +340,16 @@ def plan_demand(demand: Demand, doc: Located | None = None, *, env: str | None =
     if violations:  # the solver and this check are independent; a disagreement is a bug, never a plan
         raise RuntimeError("gpushare pack produced a plan that breaks its rules: " + "; ".join(violations[:5]))
     return plan
+
+
+def with_context_reserve(demand: Demand) -> Demand:
+    """The demand with the guardrails' planner.context_reserve_gib where the demand file sets none."""
+    from gpushare.core.guardrails import guardrails_path, load_guardrails
+
+    if "context_reserve_gib" in demand.model_fields_set or not guardrails_path().is_file():
+        return demand
+    reserve = load_guardrails().planner.context_reserve_gib
+    return demand.model_copy(update={"context_reserve_gib": reserve})
 
 
 def replan_supply(supply: list[GpuSupply], hosts: list[FleetHost]) -> tuple[list[GpuSupply], dict[str, int | None]]:

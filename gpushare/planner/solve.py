@@ -941,12 +941,13 @@ def _pack_leftovers(data: Data, residual: dict[int, int], fills: list[Fill], avo
             continue
         kinds = [int(u) for u in data.item_kinds[i] if not avoid or int(u) not in avoid] or \
             [int(u) for u in data.item_kinds[i]]
-        best = min(kinds, key=lambda u: (_share(data, data.units[u], i), data.unit_price[u]))
+        best = min(kinds, key=lambda u: (gpu_share(data, data.units[u], i), data.unit_price[u]))
         wanted.setdefault(best, {})[i] = count
     return fills + pack_kinds(data, wanted)
 
 
-def _share(data: Data, unit: UnitKind, i: int) -> float:
+def gpu_share(data: Data, unit: UnitKind, i: int) -> float:
+    """The part of a GPU's price one replica of type i takes on a unit of this kind (first-fit's choice of kind)."""
     price = data.unit_price[unit.index]
     if unit.sharing == "exclusive":
         return float(price)
@@ -1129,14 +1130,16 @@ def objective_of(data: Data, gpus: list[Gpu]) -> float:
     return float(sum(data.configs[g.config].cost for g in gpus))
 
 
-def solve(problem: PackProblem, time_limit: float, progress: Progress | None = None) -> SolveResult:
+def solve(problem: PackProblem, time_limit: float, progress: Progress | None = None,
+          data: Data | None = None, compact: Compact | None = None) -> SolveResult:
+    """The plan from nothing; `data` and `compact` where the caller has them already (--fleet)."""
     say = progress or (lambda _: None)
     clock = Clock(time_limit)
-    data = Data(problem)
+    data = data or Data(problem)
     stats: dict[str, Any] = {"item_types": data.n, "unit_kinds": len(data.units), "configurations": len(data.configs)}
 
     say("LP bound: compact relaxation")
-    compact = compact_bound(data, clock)
+    compact = compact or compact_bound(data, clock)
     stats["compact_bound"] = round(compact.bound, 4)
     say("integer plan: rounding the compact relaxation")
     from_compact = compact_plan(data, compact, clock)

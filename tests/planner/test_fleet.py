@@ -68,8 +68,8 @@ def test_an_all_1g_fleet_asked_for_3g_instances_drains_one_host(fleet: Any) -> N
     plan = replan({**UNTRUSTED_30, "replicas": 4})
     changes = plan.as_json()["changes"]
     # Two GPUs with two 3g instances each serve four replicas; a host changes as a whole (4 GPUs).
-    assert changes == {"gpus_reconfigured": 4, "nodes_drained": ["r-01"], "gpus_added": 0, "gpus_freed": 6,
-                       "lower_bound": 4}
+    assert changes == {"gpus_reconfigured": 4, "nodes_drained": ["r-01"], "gpus_added": 0, "gpus_added_bound": 0,
+                       "gpus_freed": 6, "lower_bound": 4}
     layouts = [g["layout"] for g in plan.as_json()["gpus"]]
     assert all(layout.get("3g.40gb", 0) >= 1 for layout in layouts) and len(layouts) == 2
 
@@ -86,7 +86,7 @@ def test_a_fleet_that_already_fits_needs_zero_changes(fleet: Any) -> None:
     fleet(_pool(*SMALL, _host("r-01", 2)))
     plan = replan({"memory_gib": 8, "compute": 0.1, "replicas": 10, "trust": "untrusted"})
     assert plan.as_json()["changes"] == {"gpus_reconfigured": 0, "nodes_drained": [], "gpus_added": 0,
-                                         "gpus_freed": 0, "lower_bound": 0}
+                                         "gpus_added_bound": 0, "gpus_freed": 0, "lower_bound": 0}
     assert plan.gpus_used == 2
 
 
@@ -98,6 +98,8 @@ def test_max_changes_zero_adds_gpus_where_the_demand_allows(fleet: Any) -> None:
     plan = replan({**UNTRUSTED_30, "replicas": 4}, gpus=[{"model": H100}], max_changes=0)
     changes = plan.as_json()["changes"]
     assert changes["gpus_reconfigured"] == 0 and changes["gpus_added"] == 2
+    # No 3g instance without a change, and no GPU holds more than two: two added is proven least.
+    assert changes["gpus_added_bound"] == 2
 
 
 def test_cli_writes_the_patch_and_the_changes(fleet: Any, tmp_path: Path) -> None:
@@ -127,7 +129,30 @@ def test_many_replica_types_still_get_a_proven_change_bound(fleet: Any) -> None:
     assert plan.stats["exhaustive"] is False
     # Any plan needs 14 GPUs (the GPU bound), so at least two are added; every host changes as a whole.
     assert plan.lower_bound == 14 and changes["gpus_added"] >= 2
+    assert 2 <= changes["gpus_added_bound"] <= changes["gpus_added"]
     assert 0 < changes["lower_bound"] <= changes["gpus_reconfigured"] == 4 * len(changes["nodes_drained"])
+
+
+def test_the_change_bound_from_the_lp_alone_is_whole_hosts_and_holds(fleet: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past BOUND_MIP_TYPES the bound on changes is the LP's, rounded up to GPUs whole hosts hold (4 each here).
+    import gpushare.planner.fleet as planner_fleet
+
+    monkeypatch.setattr(planner_fleet, "BOUND_MIP_TYPES", 0)
+    fleet(_pool(*SMALL, _host("r-01", 4), _host("r-02", 4)), _pool("h100-whole", "exclusive", _host("r-03", 4)))
+    many = [{"memory_gib": 2 + k * 0.7, "compute": 0.02 + k * 0.004, "trust": "untrusted" if k % 3 else "trusted",
+             "kind": "batch"} for k in range(45)]
+    changes = replan(*many, gpus=[{"model": H100}]).as_json()["changes"]
+    assert changes["lower_bound"] % 4 == 0 and 0 < changes["lower_bound"] <= changes["gpus_reconfigured"]
+
+
+def test_host_sums_round_a_bound_up_to_what_whole_hosts_hold() -> None:
+    from gpushare.planner.fleet import HostClass, host_sum_at_least
+
+    eights, threes = HostClass(H100, 0, 8, [None] * 3), HostClass(H100, 1, 3, [None] * 2)  # type: ignore[list-item]
+    totals = {value: host_sum_at_least([eights, threes], value) for value in (0, 0.2, 3, 3.1, 6.5, 9, 22.5, 30, 31)}
+    # Reachable totals: 0, 3, 6, 8, 11, 14, 16, 19, 22, 24, 27, 30; past the fleet the value itself.
+    assert totals == {0: 0, 0.2: 3, 3: 3, 3.1: 6, 6.5: 8, 9: 11, 22.5: 24, 30: 30, 31: 31}
 
 
 @pytest.mark.slow
