@@ -62,10 +62,13 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     backfill(_shared_demand(end - SHARED_DEMAND_AGO), work, data)
     backfill(_no_hostname(end - NO_HOSTNAME_AGO), work, data)
     backfill(_node_gap(end - NODE_GAP_AGO), work, data)
+    backfill(_no_pool_label(end - NO_POOL_LABEL_AGO), work, data)
+    backfill(_fqdn_hostname(end - FQDN_HOSTNAME_AGO), work, data)
     return data, end
 
 
 SHARED_DEMAND_AGO, NO_HOSTNAME_AGO, NODE_GAP_AGO = 86400, 2 * 86400, 3 * 86400
+NO_POOL_LABEL_AGO, FQDN_HOSTNAME_AGO = 4 * 86400, 5 * 86400
 NODE_GAP = (20 * 60, 100 * 60)  # seconds into the node-gap scenario's two hours: under-2's exporter sent nothing
 
 
@@ -94,6 +97,20 @@ def _node_gap(end: int) -> Scenario:
                  replicas=2, pod_memory_mib=4096, resource="nvidia_com_gpu_shared",
                  dcgm_gap=(start + NODE_GAP[0], start + NODE_GAP[1], "under-2"), queue="tenant-inference",
                  pending=1, pending_resources={"nvidia.com/gpu.shared": 3, "cpu": 8})])
+
+
+def _no_pool_label(end: int) -> Scenario:
+    """kube-state-metrics without the label allowlist: kube_node_labels has no label_gpushare_io_pool."""
+    return Scenario(start=end - 3600, end=end, pools=[
+        PoolLoad("ts-underused", "NVIDIA L40S", 46068, {"under-1": 2}, "inference", util=0.3, replicas=2,
+                 resource="nvidia_com_gpu_shared", pool_label=False)])
+
+
+def _fqdn_hostname(end: int) -> Scenario:
+    """dcgm-exporter outside Kubernetes' NODE_NAME: Hostname is the host's FQDN, not the node's name."""
+    return Scenario(start=end - 3600, end=end, pools=[
+        PoolLoad("ts-underused", "NVIDIA L40S", 46068, {"under-1": 2}, "inference", util=0.3, replicas=2,
+                 resource="nvidia_com_gpu_shared", hostname_suffix=".lab.example.net")])
 
 
 def _no_hostname(end: int) -> Scenario:
@@ -514,6 +531,26 @@ def test_dcgm_series_without_hostname_name_the_missing_label(prometheus: tuple[s
     error = data["errors"][0]
     assert "DCGM series have no Hostname label" in error and 'UUID="GPU-under-1-0"' in error
     assert "--no-hostname" in error and "DCGM_EXPORTER_NO_HOSTNAME" in error and "NODE_NAME" in error
+
+
+@pytest.mark.slow  # a real Prometheus server over backfilled series
+def test_node_labels_without_the_pool_label_name_the_allowlist(prometheus: tuple[str, int], tmp_path: Path) -> None:
+    url, end = prometheus
+    code, data = _capacity(url, end - NO_POOL_LABEL_AGO, "1h", tmp_path)
+    assert code == 1
+    error = data["errors"][0]
+    assert "kube_node_labels has no label_gpushare_io_pool label" in error and 'node="under-1"' in error
+    assert "--metric-labels-allowlist=nodes=[" in error and "gpushare.io/pool" in error
+
+
+@pytest.mark.slow  # a real Prometheus server over backfilled series
+def test_hostnames_that_match_no_node_are_shown_beside_the_nodes(prometheus: tuple[str, int], tmp_path: Path) -> None:
+    url, end = prometheus
+    code, data = _capacity(url, end - FQDN_HOSTNAME_AGO, "1h", tmp_path)
+    assert code == 1
+    error = data["errors"][0]
+    assert "Hostname values (e.g. under-1.lab.example.net) match no node" in error and "under-1)" in error
+    assert "NODE_NAME" in error
 
 
 def test_nodes_with_little_or_no_data_are_named() -> None:

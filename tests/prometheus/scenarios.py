@@ -36,6 +36,8 @@ class PoolLoad:
     wait_seconds: float = 30.0
     allocated_share: float = 1.0  # share of the advertised units that pods hold
     hostname: bool = True  # dcgm-exporter's Hostname label (absent with --no-hostname / DCGM_EXPORTER_NO_HOSTNAME)
+    hostname_suffix: str = ""  # appended to Hostname, as when the exporter reports the host's FQDN, not the node name
+    pool_label: bool = True  # kube_node_labels carries the pool label (kube-state-metrics' label allowlist)
     unschedulable: tuple[str, int] | None = None  # (resource, pods): unschedulable pods asking for one each
     mig_util: dict[str, float] | None = None  # MIG profile -> mean busy share of its instances (else util)
     mig_memory_mib: dict[str, int] | None = None  # MIG profile -> framebuffer its instances use (else pod_memory_mib)
@@ -105,7 +107,8 @@ def write_openmetrics(scenario: Scenario, out: TextIO) -> int:
         pods: list[tuple[str, str, str]] = []  # (node, pod, resource)
         units = list(_units(load))
         for salt, (node, uuid, g, mig, mib, resource) in enumerate(units):
-            base = {"Hostname": node, "UUID": uuid, "gpu": str(g), "modelName": load.model, **mig}
+            base = {"Hostname": node + load.hostname_suffix, "UUID": uuid, "gpu": str(g), "modelName": load.model,
+                    **mig}
             gap = load.dcgm_gap[:2] if load.dcgm_gap and load.dcgm_gap[2] == node else None
             if not load.hostname:
                 del base["Hostname"]
@@ -136,7 +139,8 @@ def write_openmetrics(scenario: Scenario, out: TextIO) -> int:
                 series("DCGM_FI_DEV_FB_USED", labels, const(used_mib), gap)
                 series("DCGM_FI_DEV_FB_FREE", labels, const(mib - used_mib), gap)
         for node in load.nodes:
-            series("kube_node_labels", {"node": node, "label_gpushare_io_pool": load.pool}, const(1))
+            pool = {"label_gpushare_io_pool": load.pool} if load.pool_label else {}
+            series("kube_node_labels", {"node": node, **pool}, const(1))
         for (node, resource), n in allocatable.items():
             series("kube_node_status_allocatable", {"node": node, "resource": resource, "unit": "integer"}, const(n))
         for node, pod, resource in pods:
