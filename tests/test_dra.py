@@ -276,7 +276,8 @@ def test_unknown_and_too_new_feature_gates_are_refused(write_env: Any) -> None:
     problem = only_problem(refused(write_env, d))
     assert problem.path == "clusters[1].dra.feature_gates[0]" and "TimeSlicingSettings" in problem.fix
     d = data()
-    cluster_named(d, DRA)["dra"] = {"version": "v0.4.1", "feature_gates": ["FabricManagerPartitioning"]}
+    cluster_named(d, DRA)["dra"] = {"version": "v0.4.1", "feature_gates": ["FabricManagerPartitioning"],
+                                    "kubernetes_feature_gates": ["DRAPartitionableDevices"]}
     d["pools"] = [p for p in d["pools"] if p["name"] != "dra-notebooks"]
     tenant_named(d, "notebooks")["clusters"] = [PLUGIN]
     problem = only_problem(refused(write_env, d))
@@ -318,6 +319,29 @@ def test_dra_below_kubernetes_1_34_is_refused(write_env: Any) -> None:
     assert "1.34" in problem.message and problem.path.startswith("clusters[1]")
 
 
+def test_mig_strategy_single_on_a_dra_cluster_is_refused(write_env: Any) -> None:
+    # single would name every MIG class nvidia.com/gpu: MIG quotas would match nothing, GPU quotas count slices.
+    d = data()
+    cluster_named(d, DRA)["mig_strategy"] = "single"
+    problem = only_problem(refused(write_env, d))
+    assert "mig_strategy single" in problem.message and problem.path.startswith("clusters[1]")
+    assert "mixed" in problem.fix
+
+
+def test_profiles_need_the_kubernetes_gates_the_cluster_states(write_env: Any) -> None:
+    # Without DRAConsumableCapacity (and DRAPartitionableDevices before 1.36) the API server drops the fields.
+    d = data()
+    cluster_named(d, DRA)["dra"]["kubernetes_feature_gates"] = []
+    problems = refused(write_env, d).problems
+    assert sorted(p.message.split("Kubernetes' ")[1].split(" ")[0] for p in problems) == [
+        "DRAConsumableCapacity", "DRAPartitionableDevices"]
+    assert all(p.path == "clusters[1].dra.kubernetes_feature_gates" and p.fix for p in problems)
+    cluster_named(d, DRA)["kubernetes_version"] = "1.36"  # partitionable devices are on by default from 1.36
+    assert ["DRAConsumableCapacity" in p.message for p in refused(write_env, d).problems] == [True]
+    cluster_named(d, DRA)["dra"]["kubernetes_feature_gates"] = ["DRAConsumableCapacity"]
+    resolve(write_env(d), PROFILES)
+
+
 def test_dra_block_on_a_device_plugin_cluster_is_refused(write_env: Any) -> None:
     d = data()
     cluster_named(d, PLUGIN)["dra"] = {"version": "v0.5.0"}
@@ -343,7 +367,7 @@ def test_time_slicing_profiles_must_agree_on_shares(write_env: Any) -> None:
 def test_gpu_cluster_install_with_operator_static_mig_is_refused(write_env: Any) -> None:
     d = data()
     d["clusters"].append({"name": "lab-gke", "kind": "gke", "kubernetes_version": "1.34", "gpu_allocation": "dra",
-                          "dra": {"install": "gpu-cluster"}})
+                          "dra": {"install": "gpu-cluster", "kubernetes_feature_gates": ["DRAPartitionableDevices"]}})
     d["pools"].append({"name": "gke-a100", "cluster": "lab-gke", "purpose": "inference",
                        "gpu_model": "nvidia-a100-80gb", "profile": "mig-balanced",
                        "cloud": {"machine_type": "a2-ultragpu-1g", "gpus_per_node": 1, "node_count": 1}})

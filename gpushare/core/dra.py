@@ -181,6 +181,22 @@ def profile_gates(kind: str, mig_mode: str = "static") -> set[str]:
     return gates
 
 
+# Kubernetes gates the driver's features rest on: without them the API server drops the fields (capacity,
+# allowMultipleAllocations, shared counters) and claims silently take whole devices. name -> first minor where on.
+KUBERNETES_GATES: dict[str, tuple[int, ...] | None] = {"DRAConsumableCapacity": None,
+                                                       "DRAPartitionableDevices": (1, 36)}
+
+
+def kubernetes_gates_needed(kind: str, mig_mode: str, kubernetes_minor: tuple[int, ...]) -> set[str]:
+    """Kubernetes feature gates a profile kind (in a pool of this mig_mode) needs on a cluster of that minor."""
+    needed = set()
+    if kind in TIME_SLICED:
+        needed.add("DRAConsumableCapacity")
+    if kind in MIG_KINDS and mig_mode == "dynamic":
+        needed.add("DRAPartitionableDevices")
+    return {g for g in needed if (on_from := KUBERNETES_GATES[g]) is None or kubernetes_minor < on_from}
+
+
 def profile_refusals(kind: str, version: str) -> list[tuple[str, str]]:
     """(message, fix) why a DRA cluster whose driver is at `version` cannot give this profile kind its meaning."""
     if kind == "mps":

@@ -561,6 +561,7 @@ class _Resolver:
                 needed.setdefault(gate, ("pools", pi, "mig_mode") if gate == dra.DYNAMIC_MIG
                                   else self.profile_site(pi, name))
         self.dra_shares_agree(cluster)
+        self.dra_kubernetes_gates(cluster, ci)
         extras = cluster.dra_driver.feature_gates
         if dra.DYNAMIC_MIG in needed or dra.DYNAMIC_MIG in extras:
             self.dra_no_static_mig(cluster)
@@ -576,6 +577,23 @@ class _Resolver:
                                  f"{', '.join(alpha)}" + (" (ConsumableShares also needs Kubernetes' "
                                  "DRAConsumableCapacity feature on the cluster)" if "ConsumableShares" in alpha
                                  else ""))
+
+    def dra_kubernetes_gates(self, cluster: spec.Cluster, ci: int) -> None:
+        """Profiles whose DRA form rests on Kubernetes gates the cluster's operators have not said are on."""
+        stated = set(cluster.dra_driver.kubernetes_feature_gates)
+        minor = spec.version_tuple(cluster.kubernetes_version)
+        missing: dict[str, str] = {}  # gate -> first profile that needs it
+        for pi, name, profile in self.cluster_profiles(cluster):
+            for gate in sorted(dra.kubernetes_gates_needed(profile.kind, self.env.pools[pi].mig_mode, minor) - stated):
+                missing.setdefault(gate, name)
+        for gate, name in missing.items():
+            what = ("time-slicing across pods (consumable shares)" if gate == "DRAConsumableCapacity"
+                    else "dynamic MIG (devices that share a GPU's counters)")
+            self.err(("clusters", ci, "dra", "kubernetes_feature_gates"),
+                     f"cluster {cluster.name!r}: profile {name!r} needs Kubernetes' {gate} feature gate for {what}; "
+                     "without it the API server drops those fields and each claim takes a whole device",
+                     f"turn {gate} on in the cluster's API server, scheduler and kubelets and add it to the cluster's "
+                     "dra.kubernetes_feature_gates, or put the pool on a device-plugin cluster")
 
     def cluster_profiles(self, cluster: spec.Cluster) -> list[tuple[int, str, Any]]:
         """(pool index, profile name, profile) for every profile the cluster's pools and hosts name, in file order."""

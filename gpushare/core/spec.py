@@ -318,6 +318,10 @@ class DraDriver(Strict):
     feature_gates: list[Annotated[str, Field(pattern=FEATURE_GATE_PATTERN)]] = Field(
         default_factory=list, description="Driver feature gates to turn on beyond those the profiles in use need; "
         "checked against the pinned version (unknown gates and pairs the driver refuses are errors).")
+    kubernetes_feature_gates: list[Annotated[str, Field(pattern=FEATURE_GATE_PATTERN)]] = Field(
+        default_factory=list, description="Kubernetes feature gates the cluster's API server, scheduler and kubelets "
+        "run with, as its operators state them (gpushare cannot see them offline): DRAConsumableCapacity for "
+        "time-slicing profiles, DRAPartitionableDevices for dynamic MIG before Kubernetes 1.36.")
 
 
 class Cluster(Strict):
@@ -358,6 +362,11 @@ class Cluster(Strict):
             raise invalid(f"gpu_allocation dra needs Kubernetes {minimum} or later (resource.k8s.io/v1), but "
                           f"kubernetes_version is {self.kubernetes_version}",
                           f"upgrade the cluster to {minimum} or later, or keep gpu_allocation: device-plugin")
+        if self.gpu_allocation == "dra" and self.mig_strategy == "single":
+            raise invalid("mig_strategy single names every MIG instance nvidia.com/gpu, which on a DRA cluster would "
+                          "map MIG classes and whole-GPU classes onto one quota name (a tenant's MIG quota would "
+                          "match nothing, its GPU quota would count slices as GPUs)",
+                          "remove mig_strategy (DRA claims name MIG devices by profile) or set it to mixed")
         return self
 
     @property

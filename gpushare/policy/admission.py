@@ -55,6 +55,9 @@ CLAIM_CONTROLLER_USERS = ("system:serviceaccount:kube-system:resource-claim-cont
                           "system:kube-controller-manager")
 # The driver's own DeviceClass gpu.nvidia.com maps this extended resource to DRA (extendedResourceName).
 DRA_EXTENDED_RESOURCE = "nvidia.com/gpu"
+# Kubernetes' DRAExtendedResource: `deviceclass.resource.kubernetes.io/<class>` in a container's resources asks the
+# scheduler for a claim on any DeviceClass, with no template and none of its shares or quota accounting.
+IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
 
 
 # ---------------------------------------------------------------- workload policies (pods and pod templates)
@@ -293,7 +296,8 @@ def _strings(values: list[str]) -> str:
 
 
 def _no_extended_gpu(field: str) -> str:
-    return f"!has(c.resources.{field}) || !('{DRA_EXTENDED_RESOURCE}' in c.resources.{field})"
+    return (f"!has(c.resources.{field}) || (!('{DRA_EXTENDED_RESOURCE}' in c.resources.{field}) && "
+            f"!c.resources.{field}.exists(k, k.startsWith('{IMPLICIT_EXTENDED_PREFIX}')))")
 
 
 def dra_workload_policies(claims: DraClaims) -> dict[str, dict[str, Any]]:
@@ -320,8 +324,9 @@ def dra_workload_policies(claims: DraClaims) -> dict[str, dict[str, Any]]:
                 "expression": _each_new("containers", "c", f"!has(c.resources) || (({_no_extended_gpu('limits')}) "
                                                            f"&& ({_no_extended_gpu('requests')}))"),
                 "message": f"on this DRA cluster {DRA_EXTENDED_RESOURCE} is served by the driver's own DeviceClass "
-                           "(extendedResourceName), outside gpushare's profiles and quota: reference a gpushare claim "
-                           "template in spec.resourceClaims instead",
+                           f"(extendedResourceName) and {IMPLICIT_EXTENDED_PREFIX}<class> by any class, outside "
+                           "gpushare's profiles, shares and quota: reference a gpushare claim template in "
+                           "spec.resourceClaims instead",
                 "reason": "Forbidden",
             }],
         },
@@ -339,8 +344,10 @@ def _dra_claims_policy() -> dict[str, Any]:
                                                 "operations": ["CREATE", "UPDATE"]}]},
         "matchConditions": [{"name": "not-claim-controller",
                              "expression": f"!(request.userInfo.username in [{users}])"}],
+        # An UPDATE that keeps the spec passes: the scheduler adds its delete-protection finalizer and the garbage
+        # collector its owner references while binding; only what a claim asks for is gpushare's alone.
         "validations": [{
-            "expression": "false",
+            "expression": "request.operation == 'UPDATE' && has(oldObject.spec) && object.spec == oldObject.spec",
             "message": "ResourceClaims and ResourceClaimTemplates in tenant namespaces come from gpushare: reference "
                        "a gpushare claim template (gpushare-<profile>) in the pod's spec.resourceClaims",
             "reason": "Forbidden",

@@ -90,6 +90,20 @@ def claim_object(kind: str, tenant: str, user: str = "alice") -> Callable[[], Re
     return build
 
 
+def claim_metadata_update(user: str, change_spec: bool = False) -> Callable[[], Request]:
+    """An UPDATE of a pod's claim in a tenant namespace: the scheduler's finalizer while binding, or a spec change."""
+    def build() -> Request:
+        before = claim_object("ResourceClaim", "partner")().object
+        before["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = MIG
+        after = copy.deepcopy(before)
+        after["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+        if change_spec:
+            after["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.nvidia.com"
+        return Request(after, ns_for("partner"), operation="UPDATE", old_object=before, username=user,
+                       groups=("system:authenticated",))
+    return build
+
+
 @dataclass(frozen=True)
 class Attack:
     id: str
@@ -129,6 +143,16 @@ ATTACKS = [
     Attack("update-adds-shared-claim", claim_update("partner", claim_pod(template(MIG)), lambda p: p["spec"][
         "resourceClaims"].append({"name": "b", "resourceClaimName": "team-gpu"})), f"deny:{TEMPLATES}"),
     Attack("label-update-of-claim-pod", claim_update("partner", claim_pod(template(MIG)), _add_label), ALLOW),
+    # DRAExtendedResource: the scheduler would make a claim on any class, without a template, shares or quota.
+    Attack("implicit-extended-resource", pod_request("partner", then(claim_pod(), lambda p: main(p)["resources"][
+        "limits"].update({f"deviceclass.resource.kubernetes.io/{EXCLUSIVE}": 1}))), f"deny:{EXTENDED}"),
+    Attack("implicit-extended-resource-request", pod_request("serving", then(claim_pod(template(SHARED)), lambda p:
+           main(p)["resources"].setdefault("requests", {}).update(
+               {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": 1}))), f"deny:{EXTENDED}"),
+    # Binding: the scheduler adds its finalizer to the pod's claim (a plain UPDATE); the spec stays gpushare's.
+    Attack("scheduler-adds-claim-finalizer", claim_metadata_update("system:kube-scheduler"), ALLOW),
+    Attack("tenant-changes-claim-spec", claim_metadata_update("alice", change_spec=True),
+           f"deny:{DRA_CLAIMS_POLICY}"),
     Attack("tenant-creates-claim", claim_object("ResourceClaim", "serving"), f"deny:{DRA_CLAIMS_POLICY}"),
     Attack("tenant-creates-template", claim_object("ResourceClaimTemplate", "serving"),
            f"deny:{DRA_CLAIMS_POLICY}"),
