@@ -162,7 +162,9 @@ def test_contended_pool_gets_fewer_replicas_and_more_gpus(report: dict[str, Any]
     assert figures["pending_mean"] == pytest.approx(6)
     assert figures["queue_wait_seconds"] >= 900
     assert p["replicas_proposed"] < p["replicas_now"]
-    assert p["gpus_proposed"] > p["gpus_now"]
+    # More GPUs are wanted, but a bare-metal pool grows only by hosts someone adds: the patch writes the replicas.
+    assert p["gpus_proposed"] == p["gpus_now"] and p["in_patch"]
+    assert any(n.startswith("bare-metal pools grow by adding hosts: add ") for n in p["notes"]), p["notes"]
     assert any("pending workloads mean 6.0" in line for line in p["evidence"])
 
 
@@ -502,10 +504,11 @@ def test_one_queue_reaching_two_pools_counts_its_work_once(prometheus: tuple[str
     assert pending["ts-underused"] == pytest.approx(1) and pending["ts-membound"] == pytest.approx(1)
     # Pods asking for mig-3g.40gb count only in the pool that advertises it.
     assert pending["mig-idle"] == pytest.approx(2)
-    assert pending["ts-contended"] is None
-    # The saturated, queueing MIG pool grows: a larger instance where the idle one was, and more GPUs.
+    assert pending["ts-contended"] == 0  # nothing pending is 0 pending, counted in the mean
+    # The saturated, queueing MIG pool grows: a larger instance where the idle one was, and (hosts to add) GPUs.
     mig = _pool(data, "mig-idle")
-    assert mig["mig_layout_proposed"] == {"7g.80gb": 1} and mig["gpus_proposed"] > mig["gpus_now"]
+    assert mig["mig_layout_proposed"] == {"7g.80gb": 1} and mig["gpus_proposed"] == mig["gpus_now"]
+    assert any(n.startswith("bare-metal pools grow by adding hosts") for n in mig["notes"]), mig["notes"]
     assert any("3g.40gb instances are saturated" in x for x in mig["reasons"])
     assert any("the pool queues (2.0 pending, waits up to 2 h)" in x for x in mig["reasons"]), mig["reasons"]
     # Every change holds alone, not all together (fewer MIG instances and more replicas pass the environment's
@@ -589,7 +592,7 @@ def test_a_node_with_a_gap_is_named_with_its_dates(prometheus: tuple[str, int], 
     # (not the one workload split in two).
     pending = {p["pool"]: p["evidence_figures"]["pending_mean"] for p in data["pools"]}
     assert pending["ts-underused"] == pytest.approx(1.5) and pending["ts-membound"] == pytest.approx(1.5)
-    assert pending["mig-idle"] is None
+    assert pending["mig-idle"] == 0
 
 
 def _time_sliced_mig(tmp_path: Path, layout: str = "all-smallest") -> ResolvedFleet:
@@ -639,3 +642,92 @@ def test_idle_time_sliced_mig_instances_are_not_split_and_say_why(tmp_path: Path
     rec = next(r for r in recommend(fleet, load_guardrails(), evidence, "7d") if r.pool == "mig-idle")
     assert rec.mig_layout_proposed is None and not rec.changes
     assert any("idle, but not split: their 2 replicas already share each one" in x for x in rec.reasons), rec.reasons
+
+
+# ---------------------------------------------------------------- the patch writes what the summary says
+
+
+def _resize_rec(fleet: ResolvedFleet, pool: str, gpus: int) -> Recommendation:
+    p = fleet.pool(pool)
+    return Recommendation(pool, p.sharing, p.totals.physical_gpus, gpus_proposed=gpus, reasons=["test"])
+
+
+def test_a_bare_metal_pool_that_should_grow_or_shrink_by_less_than_a_host_is_not_in_the_patch() -> None:
+    from gpushare.ops.capacity import propose
+
+    fleet = resolve(ENV, PROFILES)
+    grow, trim = _resize_rec(fleet, "ts-contended", 6), _resize_rec(fleet, "ts-underused", 3)
+    proposal = propose(fleet, load_guardrails(), [grow, trim])
+    assert proposal.applied == [] and proposal.patch == "" and not proposal.files
+    assert "bare-metal pools grow by adding hosts: add 2 GPUs' worth of hosts" in proposal.withheld["ts-contended"]
+    assert "only whole hosts leave" in proposal.withheld["ts-underused"]
+
+
+def test_the_patch_touches_only_the_edited_lines_and_gpus_proposed_is_what_it_writes() -> None:
+    from gpushare.ops.capacity import propose
+
+    fleet = resolve(ENV, PROFILES)
+    grow, shrink = _resize_rec(fleet, "ts-contended", 6), _resize_rec(fleet, "ts-underused", 1)
+    proposal = propose(fleet, load_guardrails(), [grow, shrink])
+    assert proposal.applied == ["ts-underused"] and "ts-contended" in proposal.withheld
+    assert shrink.gpus_proposed == 2 and grow.gpus_proposed == 6  # one 2-GPU host leaves; the other would break it
+    changed = [line for line in proposal.patch.splitlines()
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert changed == ["-      - {name: under-2, address: 10.98.0.2, gpu_count: 2}"], changed
+
+
+def test_a_cloud_pool_clamped_by_its_node_counts_reports_the_size_the_patch_writes(tmp_path: Path) -> None:
+    from gpushare.ops.capacity import propose
+
+    fleet = resolve(Path("environments/pilot.yaml"), PROFILES)
+    pool = next(p for p in fleet.pools if p.cloud is not None and p.cloud.max_node_count)
+    assert pool.cloud is not None and pool.cloud.max_node_count
+    wanted = (pool.cloud.max_node_count + 3) * pool.cloud.gpus_per_node
+    rec = _resize_rec(fleet, pool.name, wanted)
+    propose(fleet, load_guardrails(), [rec])
+    assert rec.gpus_proposed == pool.cloud.max_node_count * pool.cloud.gpus_per_node
+
+
+def test_a_second_mig_change_names_a_profile_file_that_does_not_exist_yet(tmp_path: Path) -> None:
+    import subprocess
+
+    from gpushare.core.paths import WORKSPACE_MARKER
+    from gpushare.ops.capacity import propose
+
+    env = _two_mig_pools(tmp_path)
+    (tmp_path / WORKSPACE_MARKER).write_text("")
+    earlier = yaml.safe_load((tmp_path / "profiles" / "mig-llm-serving.yaml").read_text())
+    earlier["name"] = "mig-idle-mig"  # as a first capacity patch left it
+    (tmp_path / "profiles" / "mig-idle-mig.yaml").write_text(yaml.safe_dump(earlier, sort_keys=False))
+    fleet = resolve(env, tmp_path / "profiles")
+    evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
+    evidence.update({p: _idle_mig(p) for p in ("mig-idle", "mig-idle-b")})
+    proposal = propose(fleet, load_guardrails(), recommend(fleet, load_guardrails(), evidence, "7d"))
+    assert "mig-idle" in proposal.applied and "profiles/mig-idle-mig.yaml" not in proposal.patch
+    assert "environments/dev.yaml" in proposal.files  # named from the workspace, as `git apply` there wants
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "p.patch").write_text(proposal.patch)
+    subprocess.run(["git", "apply", "--check", "p.patch"], cwd=tmp_path, check=True)
+
+
+def test_demand_splits_only_over_the_pools_of_a_pools_own_cluster_as_the_live_rules_do() -> None:
+    """dra.yaml: tenant research's queue reaches a training pool in each cluster; each cluster's rules (and so the
+    raw read and the backfill) give each pool the whole of its own cluster's demand, never half."""
+    from gpushare.ops.backfill import backfill_groups
+    from gpushare.ops.capacity import _window_queries
+    from gpushare.render.monitoring import prometheus_rule_groups
+
+    fleet, g = resolve(ROOT / "examples" / "environments" / "dra.yaml"), load_guardrails()
+
+    def exprs(groups: list[dict[str, Any]], record: str) -> dict[str, str]:
+        return {r["labels"]["pool"]: r["expr"] for grp in groups for r in grp["rules"]
+                if r.get("record") == record and "pool" in r.get("labels", {})}
+
+    pending = next(e for n, e, _ in _window_queries(fleet, g, fleet.pools, "7d") if n == "pending mean")
+    for record in ("gpushare:pool_pending_workloads:sum", "gpushare:pool_unschedulable_gpu_requests:sum"):
+        live = {pool: e for c in fleet.clusters
+                for pool, e in exprs(prometheus_rule_groups(fleet, g, c), record).items()}
+        assert live and exprs(backfill_groups(fleet, g), record) == live
+        assert all(e in pending for e in live.values()), record
+    whole = exprs(prometheus_rule_groups(fleet, g), "gpushare:pool_pending_workloads:sum")["plugin-training"]
+    assert whole.count("/ 2") and whole not in pending  # what the environment-wide rendering wrongly gave

@@ -12,6 +12,7 @@ Plain Prometheus only: Thanos and Mimir take history differently, and gpushare c
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -25,14 +26,31 @@ import yaml
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import check_output_dir
-from gpushare.core.guardrails import duration_seconds, load_guardrails
-from gpushare.core.resolve import resolve_env
+from gpushare.core.guardrails import Guardrails, duration_seconds, load_guardrails
+from gpushare.core.resolve import ResolvedFleet, resolve_env
 from gpushare.ops.capacity import Prometheus, read_steps, window_steps
 from gpushare.render.monitoring import prometheus_rule_groups
 from gpushare.render.monitoring.promql import metric_names
 
 LOAD_WAIT_SECONDS = 150.0  # Prometheus loads blocks found in its data folder once a minute
 PROMTOOL_TIMEOUT = 6 * 3600
+
+
+def backfill_groups(fleet: ResolvedFleet, guardrails: Guardrails) -> list[dict[str, Any]]:
+    """The recording rules as they run live, rendered per cluster (each cluster's pools split demand only among
+    themselves), in one group: every cluster's rules, each distinct rule once."""
+    seen: set[str] = set()
+    rules: list[dict[str, Any]] = []
+    interval = "1m"
+    for cluster in fleet.clusters:
+        for group in prometheus_rule_groups(fleet, guardrails, cluster=cluster):
+            interval = str(group.get("interval", interval))
+            for rule in group["rules"]:
+                key = json.dumps(rule, sort_keys=True)
+                if "record" in rule and key not in seen:
+                    seen.add(key)
+                    rules.append(rule)
+    return [{"name": "gpushare.recording", "interval": interval, "rules": rules}]
 
 
 def rule_levels(groups: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -146,7 +164,7 @@ def run_backfill(env: str, prometheus: str, window: str, end: float, out: Path, 
     fleet = resolve_env(env)
     check_output_dir(out, [fleet.source], option="--backfill-rules")
     guardrails = load_guardrails()
-    groups = prometheus_rule_groups(fleet, guardrails)
+    groups = backfill_groups(fleet, guardrails)
     interval = str(groups[0]["interval"])
     step = guardrails.capacity.step
     prom = Prometheus(prometheus)

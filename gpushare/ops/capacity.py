@@ -289,7 +289,11 @@ def _window_queries(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Re
     """The window statistics. `recorded` reads gpushare's recording rules (cheap: pool-level series); `raw` builds
     the same figures from the exporters' series, for history from before the rules were deployed."""
     step = guardrails.capacity.step
-    queues, reach = r.queues_by_pool(fleet, guardrails, pools)
+    # Live rules are rendered per cluster: a queue's demand splits only over the pools of the pool's own cluster.
+    local = {c: [p for p in pools if p.cluster == c] for c in {p.cluster for p in pools}}
+    by_cluster = {c: r.queues_by_pool(fleet, guardrails, ps) for c, ps in local.items()}
+    queues = {name: qs for found, _ in by_cluster.values() for name, qs in found.items()}
+    zeros = r.pool_zeros(pools)  # no pending series is 0 pending: the mean is over the whole window
     if source == "recorded":
         x = {
             "pool_util": "gpushare:pool_utilization:ratio",
@@ -300,7 +304,7 @@ def _window_queries(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Re
                              "/ sum by (pool) (gpushare:pool_allocated:units)",
             "allocated": "sum by (pool) (gpushare:pool_allocated:units)",
             "advertised": "sum by (pool) (gpushare:pool_advertised:units)",
-            "pending": "gpushare:pool_pending:sum",
+            "pending": f"max by (pool) (gpushare:pool_pending:sum) or {zeros}",
             "mig_count": "gpushare:pool_mig_instances:count",
             "mig_util": 'max by (pool, GPU_I_PROFILE) (gpushare:unit_utilization:ratio{GPU_I_ID!=""})',
             "mig_mem": 'max by (pool, GPU_I_PROFILE) (gpushare:unit_memory_used:bytes{GPU_I_ID!=""})',
@@ -319,9 +323,9 @@ def _window_queries(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Re
         mig_used = r.unit_memory_used_expr(node_pool, 'GPU_I_ID!=""')
         pending_parts, wait_parts = [], []
         for p in pools:
-            parts = [r.unschedulable_requests_expr(p, pools)]
+            parts = [r.unschedulable_requests_expr(p, local[p.cluster])]
             if p.name in queues:
-                parts.insert(0, r.pool_pending_workloads_expr(p, queues[p.name], reach))
+                parts.insert(0, r.pool_pending_workloads_expr(p, queues[p.name], by_cluster[p.cluster][1]))
             pending_parts.append(f'label_replace({r.sum_present(parts)}, "pool", "{p.name}", "", "")')
             wait_parts.append(f"label_replace(max_over_time(({r.unschedulable_pod_age_expr(p)})[{window}:{step}]), "
                               f'"pool", "{p.name}", "", "")')
@@ -339,7 +343,7 @@ def _window_queries(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Re
             "mem_per_alloc": f"sum by (pool) ({used}) / {allocated}",
             "allocated": allocated,
             "advertised": f"sum by (pool) ({r.advertised_expr(node_pool)})",
-            "pending": "\n or ".join(pending_parts),
+            "pending": "\n or ".join([*pending_parts, zeros]),
             "mig_count": f"count by (pool, GPU_I_PROFILE) ({mig_util})",
             "mig_util": f"max by (pool, GPU_I_PROFILE) ({mig_util})",
             "mig_mem": f"max by (pool, GPU_I_PROFILE) ({mig_used})",
@@ -802,6 +806,44 @@ def dump_yaml(y: Any, data: Any) -> str:
     return buf.getvalue()
 
 
+def keep_untouched_lines(original: str, reloaded: str, edited: str) -> str:
+    """`edited` (the round-trip dump after the edits) with every stretch the edits did not touch taken from
+    `original` as written: the dump re-wraps some untouched lines (long flow mappings), which a patch must not."""
+    from difflib import SequenceMatcher
+
+    orig, base, new = original.splitlines(True), reloaded.splitlines(True), edited.splitlines(True)
+    units: list[tuple[int, int, int, int]] = []  # (base start, base end, original start, original end)
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, orig, base, autojunk=False).get_opcodes():
+        if tag == "equal":
+            lines = [(j, j + 1, i1 + j - j1, i1 + j - j1 + 1) for j in range(j1, j2)]
+            if units and units[-1][0] == units[-1][1]:  # the original's own opening lines go with the first line
+                lines[0] = (j1, j1 + 1, 0, i1 + 1)
+                units.pop()
+            units += lines
+        elif j1 == j2:  # lines only the original has: kept with the stretch before them (or from the top)
+            units[-1:] = [(*units[-1][:3], i2)] if units else [(0, 0, 0, i2)]
+        elif units and units[-1][0] == units[-1][1]:
+            units[-1] = (j1, j2, 0, i2)
+        else:
+            units.append((j1, j2, i1, i2))
+    changes = [op for op in SequenceMatcher(None, base, new, autojunk=False).get_opcodes() if op[0] != "equal"]
+    dirty = {u for u in units for _, j1, j2, _, _ in changes
+             if (j1 < u[1] and u[0] < j2) or (j1 == j2 and u[0] < j1 < u[1])}
+    unit_of = {j: u for u in units for j in range(u[0], u[1])}
+    out: list[str] = []
+    for tag, j1, j2, k1, k2 in SequenceMatcher(None, base, new, autojunk=False).get_opcodes():
+        if tag != "equal":
+            out += new[k1:k2]
+            continue
+        for j in range(j1, j2):
+            unit = unit_of.get(j)
+            if unit is None or unit in dirty:
+                out.append(base[j])
+            elif j == unit[0]:
+                out += orig[unit[2]:unit[3]]
+    return "".join(out)
+
+
 def _profile_for_replicas(fleet: ResolvedFleet, guardrails: Guardrails, pool: ResolvedPool, replicas: int,
                           new_profiles: dict[str, dict[str, Any]]) -> tuple[str | None, str]:
     """An existing profile like the pool's with `replicas`, or a new one where the environment allows any."""
@@ -820,12 +862,15 @@ def _profile_for_replicas(fleet: ResolvedFleet, guardrails: Guardrails, pool: Re
     if "*" not in limits.allowed_profiles:
         return None, (f"no allowed {current.kind} profile with {replicas} replicas in {fleet.environment}: prove one "
                       "in the promotion source first")
-    name = re.sub(r"\d+$", str(replicas), current.name) if re.search(r"\d+$", current.name) else \
-        f"{current.name}-{replicas}"
     data = current.model_dump(mode="json", exclude_defaults=True)
-    data.update({"name": name, block: {**data.get(block, {}), "replicas": replicas}})
+    data.update({block: {**data.get(block, {}), "replicas": replicas}})
     data["description"] = f"{current.description.strip()} (replicas {replicas}, proposed by gpushare capacity)"
-    new_profiles[name] = data
+    for name, made in new_profiles.items():  # another pool of this patch already proposes the same profile
+        if {**made, "name": ""} == {**data, "name": ""}:
+            return name, ""
+    name = _new_profile_name(fleet, re.sub(r"\d+$", str(replicas), current.name) if re.search(r"\d+$", current.name)
+                             else f"{current.name}-{replicas}", new_profiles)
+    new_profiles[name] = {**data, "name": name}
     return name, ""
 
 
@@ -841,56 +886,81 @@ def _dropped(rec: Recommendation) -> set[str]:
 
 
 def _edit_pool(fleet: ResolvedFleet, guardrails: Guardrails, doc: Any, rec: Recommendation, pool: ResolvedPool,
-               new_profiles: dict[str, dict[str, Any]]) -> tuple[str | None, list[str], int]:
+               new_profiles: dict[str, dict[str, Any]]) -> tuple[str | None, list[str], int, bool]:
     """Apply one pool's recommendation (not its tenants' quotas) to the round-trip document: (why not or None, notes,
-    the pool's GPUs as the document now says)."""
+    the pool's GPUs as the document now says, whether the document really changed)."""
     from gpushare.core.mig import format_layout, layout_from_counts
 
     limits = guardrails.environment(fleet.environment)
     entry = next(p for p in doc["pools"] if p["name"] == pool.name)
     notes: list[str] = []
     gpus = rec.gpus_now
+    edited = False
     if rec.replicas_proposed is not None and rec.replicas_proposed != rec.replicas_now:
         name, why = _profile_for_replicas(fleet, guardrails, pool, rec.replicas_proposed, new_profiles)
         if name is None:
-            return why, notes, gpus
-        entry["profile"] = name
+            return why, notes, gpus, edited
+        entry["profile"], edited = name, True
     if rec.mig_layout_proposed is not None:
         if "*" not in limits.allowed_profiles:
             return (f"a new MIG layout needs a new profile, which {fleet.environment} allows only after its promotion "
-                    "source runs it"), notes, gpus
+                    "source runs it"), notes, gpus, edited
         model = pool.nodes[0].gpu_model
-        name = f"{pool.name}-mig"[:30].rstrip("-")
+        name = _new_profile_name(fleet, f"{pool.name}-mig"[:30].rstrip("-"), new_profiles)
         new_profiles[name] = {"name": name, "kind": pool.sharing,
                               "description": f"Layout proposed by gpushare capacity for pool {pool.name}.",
                               "mig": {"layouts": {model.name: format_layout(layout_from_counts(
                                   rec.mig_layout_proposed))}}}
         if pool.sharing == "mig-time-slicing":  # the same replicas per instance: never more for memory-bound work
             new_profiles[name]["time_slicing"] = fleet.profiles[pool.profile].time_slicing.model_dump(mode="json")
-        entry["profile"] = name
+        entry["profile"], edited = name, True
     if rec.gpus_proposed is not None and rec.gpus_proposed != rec.gpus_now:
-        if pool.cloud is not None:
-            per_node = pool.cloud.gpus_per_node
-            nodes = math.ceil(rec.gpus_proposed / per_node)
-            nodes = max(nodes, pool.cloud.min_node_count or 0)
-            if pool.cloud.max_node_count:
-                nodes = min(nodes, pool.cloud.max_node_count)
-            entry["cloud"]["node_count"] = nodes
-            gpus = nodes * per_node
-        elif rec.gpus_proposed < rec.gpus_now:
-            hosts = entry["hosts"]
-            freed = rec.gpus_now - rec.gpus_proposed
-            while len(hosts) > 1 and hosts[-1]["gpu_count"] <= freed:
-                freed -= hosts[-1]["gpu_count"]
-                gpus -= hosts[-1]["gpu_count"]
-                notes.append(f"host {hosts[-1]['name']} leaves the pool ({hosts[-1]['gpu_count']} GPUs freed)")
-                del hosts[-1]
-            if freed:
-                notes.append(f"{freed} more GPU(s) could go, but only whole hosts leave a bare-metal pool")
-        else:
-            notes.append(f"add {rec.gpus_proposed - rec.gpus_now} GPUs (hosts) to the pool: bare-metal hosts "
-                         "are not invented here")
-    return None, notes, gpus
+        gpus, resized = _resize(pool, entry, rec, notes)
+        edited = edited or resized
+    return None, notes, gpus, edited
+
+
+def _resize(pool: ResolvedPool, entry: Any, rec: Recommendation, notes: list[str]) -> tuple[int, bool]:
+    """Resize the pool's entry toward rec.gpus_proposed: (the GPUs it now has, whether the entry changed)."""
+    assert rec.gpus_proposed is not None
+    if pool.cloud is not None:
+        per_node = pool.cloud.gpus_per_node
+        nodes = max(math.ceil(rec.gpus_proposed / per_node), pool.cloud.min_node_count or 0)
+        if pool.cloud.max_node_count:
+            nodes = min(nodes, pool.cloud.max_node_count)
+        if nodes * per_node != rec.gpus_proposed:
+            notes.append(f"{nodes} node(s) of {per_node} GPUs (the pool's node counts and whole nodes): "
+                         f"{nodes * per_node} GPUs rather than {rec.gpus_proposed}")
+        changed = entry["cloud"].get("node_count") != nodes
+        entry["cloud"]["node_count"] = nodes
+        return nodes * per_node, changed
+    if rec.gpus_proposed > rec.gpus_now:
+        notes.append(f"bare-metal pools grow by adding hosts: add {rec.gpus_proposed - rec.gpus_now} GPUs' worth of "
+                     "hosts to the environment")
+        return rec.gpus_now, False
+    hosts, gpus = entry["hosts"], rec.gpus_now
+    freed = rec.gpus_now - rec.gpus_proposed
+    while len(hosts) > 1 and hosts[-1]["gpu_count"] <= freed:
+        freed -= hosts[-1]["gpu_count"]
+        gpus -= hosts[-1]["gpu_count"]
+        notes.append(f"host {hosts[-1]['name']} leaves the pool ({hosts[-1]['gpu_count']} GPUs freed)")
+        del hosts[-1]
+    if freed:
+        notes.append(f"{freed} more GPU(s) could go, but only whole hosts leave a bare-metal pool")
+    return gpus, gpus != rec.gpus_now
+
+
+def _new_profile_name(fleet: ResolvedFleet, stem: str, new_profiles: dict[str, dict[str, Any]]) -> str:
+    """A profile name (and file name) that no profile in the fleet or its profiles folder, nor this patch, uses yet."""
+    from gpushare.core.paths import default_profiles_dir
+
+    folder = default_profiles_dir(fleet.source.resolve())
+    taken = set(fleet.profiles) | set(new_profiles) | {p.stem for p in folder.glob("*.yaml")}
+    name, n = stem, 1
+    while name in taken:
+        n += 1
+        name = f"{stem[:27].rstrip('-')}-{n}"
+    return name
 
 
 def _move_quotas(fleet: ResolvedFleet, doc: Any, applied: list[Recommendation]) -> None:
@@ -956,6 +1026,7 @@ class _Attempt:
     notes: dict[str, list[str]]
     gpus: dict[str, int]
     why: dict[str, str]  # pool -> why its group cannot be applied (empty: the whole attempt holds)
+    edited: dict[str, bool] = field(default_factory=dict)  # pool -> whether its edit changes the files
 
 
 def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendation]) -> Proposal:
@@ -993,8 +1064,8 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
         applied = []
         for group in groups:
             for rc in group:
-                why, out.notes[rc.pool], out.gpus[rc.pool] = _edit_pool(fleet, guardrails, doc, rc,
-                                                                        fleet.pool(rc.pool), out.new_profiles)
+                why, out.notes[rc.pool], out.gpus[rc.pool], out.edited[rc.pool] = _edit_pool(
+                    fleet, guardrails, doc, rc, fleet.pool(rc.pool), out.new_profiles)
                 if why:
                     out.why.update({o.pool: why if o is rc else f"moves together with pool {rc.pool}: {why}"
                                     for o in group})
@@ -1002,7 +1073,7 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
         if out.why:
             return out
         _move_quotas(fleet, doc, applied)
-        out.text = dump_yaml(y, doc)
+        out.text = keep_untouched_lines(original, dump_yaml(y, y.load(original)), dump_yaml(y, doc))
         with tempfile.TemporaryDirectory(prefix="gpushare-capacity-") as tmp:
             tmp_profiles = Path(tmp) / "profiles"
             tmp_profiles.mkdir()
@@ -1027,7 +1098,14 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
         return out
 
     proposal = Proposal()
-    candidates = [rc for rc in recs if rc.changes and not rc.gaps]
+    candidates = []
+    for rc in (rc for rc in recs if rc.changes and not rc.gaps):
+        why, notes, _, edited = _edit_pool(fleet, guardrails, roundtrip_yaml().load(original), rc, fleet.pool(rc.pool),
+                                           {})
+        if edited or why:
+            candidates.append(rc)
+        else:  # nothing to write: a bare-metal pool that should grow, or shrink by less than a host
+            proposal.withheld[rc.pool] = "; ".join(notes) or "the change leaves the files as they are"
     alone = []
     for group in _groups(fleet, candidates):
         tried = attempt([group])
@@ -1046,14 +1124,15 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
     if kept:
         final = attempt(kept)
         proposal.applied = [rc.pool for g in kept for rc in g]
-        proposal.files[rel_env] = (original, final.text)
+        if final.text != original:
+            proposal.files[rel_env] = (original, final.text)
         for name, data in final.new_profiles.items():
             proposal.files[f"{rel_profiles}/{name}.yaml"] = (None, dump_yaml(roundtrip_yaml(), data))
         for g in kept:
             for rc in g:
                 rc.notes += final.notes[rc.pool]
-                if rc.gpus_proposed is not None and rc.gpus_proposed < rc.gpus_now:
-                    rc.gpus_proposed = final.gpus[rc.pool]  # what the patch frees: only whole hosts leave
+                if rc.gpus_proposed is not None:
+                    rc.gpus_proposed = final.gpus[rc.pool]  # what the patch writes: whole hosts, node count limits
     return proposal
 
 

@@ -311,6 +311,11 @@ def sum_present(parts: list[str]) -> str:
     return "sum(\n  " + "\n  or ".join(labelled) + "\n)"
 
 
+def pool_zeros(pools: list[ResolvedPool]) -> str:
+    """A 0 for each pool: `or`-ed after a per-pool sum that has no value when nothing is pending."""
+    return " or ".join(f'label_replace(vector(0), "pool", "{p.name}", "", "")' for p in pools)
+
+
 def queues_by_pool(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[ResolvedPool]
                    ) -> tuple[dict[str, list[str]], dict[str, list[ResolvedPool]]]:
     """(pool -> the Kueue ClusterQueues that reach it, queue -> the pools it reaches)."""
@@ -483,10 +488,12 @@ max(
     * on (node) group_left (pool) gpushare:node_pool:info{{pool="{p.name}"}}
   )
 )""", {"pool": p.name}))
-    rules.append(_record("gpushare:pool_pending:sum", """
+    # A 0 per pool where nothing is pending, so that averages over the window count the quiet steps.
+    zeros = f'\n  or label_replace({pool_zeros(pools)}, "source", "none", "", "")' if pools else ""
+    rules.append(_record("gpushare:pool_pending:sum", f"""
 sum by (pool) (
   label_replace(gpushare:pool_pending_workloads:sum, "source", "kueue", "", "")
-  or label_replace(gpushare:pool_unschedulable_gpu_requests:sum, "source", "unschedulable-pods", "", "")
+  or label_replace(gpushare:pool_unschedulable_gpu_requests:sum, "source", "unschedulable-pods", "", ""){zeros}
 )"""))
     rules.append(_record("gpushare:pool_queue_wait_seconds:max", """
 max by (pool) (
