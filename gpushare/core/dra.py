@@ -52,6 +52,7 @@ DYNAMIC_MIG = "DynamicMIG"  # the driver gate behind mig_mode: dynamic
 # Kueue v0.19.2 pkg/config/validation.go validateDeviceClassMappings: at most 16 mappings, 8 classes in each.
 KUEUE_MAX_MAPPINGS = 16
 KUEUE_MAX_CLASSES_PER_MAPPING = 8
+QUALIFIED_NAME_MAX = 63  # the name part of a qualified name (after any '/')
 
 
 # ---------------------------------------------------------------- the driver's facts
@@ -407,7 +408,12 @@ def mappings_for_plans(plans: Iterable[DeviceClassPlan]) -> list[dict[str, Any]]
 
 def mapping_problems(plans: list[DeviceClassPlan]) -> list[tuple[str, str]]:
     """(message, fix) where Kueue's configuration validation would refuse the cluster's mappings."""
-    mappings = mappings_for_plans(plans)
+    return mapping_limit_problems(mappings_for_plans(plans))
+
+
+def mapping_limit_problems(mappings: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(message, fix) for deviceClassMappings Kueue's configuration validation refuses (the manager would not
+    start): more than 16 mappings, more than 8 classes in one, class names over 63 characters."""
     out = []
     if len(mappings) > KUEUE_MAX_MAPPINGS:
         out.append((f"the cluster's profiles need {len(mappings)} Kueue deviceClassMappings (one per quota resource); "
@@ -418,6 +424,9 @@ def mapping_problems(plans: list[DeviceClassPlan]) -> list[tuple[str, str]]:
             out.append((f"{len(m['deviceClassNames'])} DeviceClasses count as {m['name']}; Kueue maps at most "
                         f"{KUEUE_MAX_CLASSES_PER_MAPPING} classes to one resource",
                         "use fewer profiles with this MIG instance on this cluster"))
+        out += [(f"DeviceClass {c} is longer than the {QUALIFIED_NAME_MAX} characters Kueue accepts in "
+                 "deviceClassMappings", "use a shorter profile name") for c in m["deviceClassNames"]
+                if len(c.rsplit("/", 1)[-1]) > QUALIFIED_NAME_MAX]
     return out
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpushare.core import dra
 from gpushare.core.namespaces import (
     CDI_ANNOTATION_PREFIX,
     DRA_ADMIN_ACCESS_LABEL,
@@ -54,7 +55,7 @@ class DraClaims:
 CLAIM_CONTROLLER_USERS = ("system:serviceaccount:kube-system:resource-claim-controller",
                           "system:kube-controller-manager")
 # The driver's own DeviceClass gpu.nvidia.com maps this extended resource to DRA (extendedResourceName).
-DRA_EXTENDED_RESOURCE = "nvidia.com/gpu"
+DRA_EXTENDED_RESOURCE = dra.driver_facts().extended_resource_name
 # Kubernetes' DRAExtendedResource: `deviceclass.resource.kubernetes.io/<class>` in a container's resources asks the
 # scheduler for a claim on any DeviceClass, with no template and none of its shares or quota accounting.
 IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"

@@ -10,14 +10,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpushare.core.dra import is_dra
+from gpushare.core.dra import driver_facts, is_dra
 from gpushare.core.resolve import ResolvedFleet, ResolvedNode
 from gpushare.ops.rollout.adapters import AnsibleRunner, HostOutcome, Kubectl, PulumiSteps
 from gpushare.ops.rollout.journal import Journal
 from gpushare.ops.rollout.plan import BATCH_PLAYBOOK, GATE_PLAYBOOK, RolloutPlan, Step
 
 ROLLOUT_STATE_LABEL = "gpushare.io/rollout-state"
-DRA_DRIVER = "gpu.nvidia.com"  # the driver name NVIDIA's DRA driver publishes its ResourceSlices under
 
 
 @dataclass
@@ -61,10 +60,11 @@ def _slice_attribute(device: dict[str, Any], driver: str, name: str) -> str | No
     return None if not isinstance(value, dict) else value.get("string")
 
 
-def published_mismatch(node: ResolvedNode, slices: list[dict[str, Any]], driver: str = DRA_DRIVER) -> list[str]:
+def published_mismatch(node: ResolvedNode, slices: list[dict[str, Any]]) -> list[str]:
     """On a DRA cluster: differences between the devices the fleet expects on a node and those the DRA driver
     publishes in the node's ResourceSlices (whole GPUs, or the MIG instances of a static layout). With dynamic MIG
     the driver makes instances per claim, so only the GPUs themselves are counted."""
+    driver = driver_facts().driver_name
     counts: dict[str, int] = {}
     for item in slices:
         body = item.get("spec") or {}

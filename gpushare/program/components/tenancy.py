@@ -30,10 +30,6 @@ from gpushare.program.stack_config import KueueSettings
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 KUEUE_VERSION = "0.19.2"
 KUEUE_VALUES = {"enablePrometheus": True}  # Kueue exposes no metrics unless asked (docs/nvidia-stack.md)
-# Kueue v0.19.2 pkg/config/validation.go: at most 16 mappings of at most 8 classes, names qualified (63 after a /).
-KUEUE_MAX_MAPPINGS = 16
-KUEUE_MAX_CLASSES_PER_MAPPING = 8
-QUALIFIED_NAME_MAX = 63
 
 
 @cache
@@ -80,19 +76,7 @@ def kueue_values(fleet: ResolvedFleet, cluster: spec.Cluster) -> dict[str, Any]:
 
 def device_class_mapping_problems(mappings: list[dict[str, Any]]) -> list[Problem]:
     """What Kueue's configuration validation would refuse at start-up (the manager would not run)."""
-    fix = "use fewer profiles on this DRA cluster, or shorter profile names"
-    problems = []
-    if len(mappings) > KUEUE_MAX_MAPPINGS:
-        problems.append(Problem(f"Kueue takes at most {KUEUE_MAX_MAPPINGS} deviceClassMappings; this DRA cluster "
-                                f"needs {len(mappings)} quota names", fix=fix))
-    for m in mappings:
-        if len(m["deviceClassNames"]) > KUEUE_MAX_CLASSES_PER_MAPPING:
-            problems.append(Problem(f"Kueue maps at most {KUEUE_MAX_CLASSES_PER_MAPPING} DeviceClasses to one "
-                                    f"resource; {m['name']} would get {len(m['deviceClassNames'])}", fix=fix))
-        problems += [Problem(f"DeviceClass {c} is longer than the {QUALIFIED_NAME_MAX} characters Kueue accepts in "
-                             "deviceClassMappings", fix=fix)
-                     for c in m["deviceClassNames"] if len(c) > QUALIFIED_NAME_MAX]
-    return problems
+    return [Problem(message, fix=fix) for message, fix in dra.mapping_limit_problems(mappings)]
 
 
 def dra_claims(fleet: ResolvedFleet, cluster: spec.Cluster) -> DraClaims | None:
