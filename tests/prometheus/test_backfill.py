@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpushare.cli import app
+from gpushare.core.errors import GpushareError
 from gpushare.core.guardrails import load_guardrails
 from gpushare.core.resolve import resolve_env
 from gpushare.ops import backfill
@@ -141,3 +142,12 @@ def test_a_pass_stops_where_the_live_rules_begin(raw: tuple[Path, int], tmp_path
     assert first["state"] == "written" and first["start"] <= end - HOURS * 3600
     step = 300  # capacity.step: the pass ends a step before the first step that sees the live series
     assert live_from - 2 * step <= first["end"] <= live_from  # the live series begin at or just after live_from
+
+
+def test_a_missing_promtool_is_named_with_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backfill.shutil, "which", lambda name: None)
+    with pytest.raises(GpushareError) as caught:
+        backfill._promtool()
+    (problem,) = caught.value.problems
+    assert "promtool is not installed" in problem.message and "apt install prometheus" in (problem.fix or "")
+    assert caught.value.exit_code == 2
