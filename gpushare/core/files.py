@@ -5,7 +5,8 @@ Reading: regular files only (a directory, FIFO or device is refused without open
 most MAX_BYTES, UTF-8 with the offending byte named. YAML is read without surprises: `no`, `on`, `2026-02-30` and
 `1:30` stay strings (YAML 1.1's boolean, timestamp and sexagesimal resolvers are dropped; true/false stay
 booleans), integers are decimal (`010` is ten, not eight) and at most MAX_INT_DIGITS long, duplicate keys are
-errors.
+errors, and so are merge keys (`<<: *anchor`): a key a merge copies in has no line of its own in the mapping it
+changes, so a reviewer of the diff would not see it (a tenant's trust, a quota, a rule lifted from non_waivable).
 
 Writing: a file is written beside its target and renamed over it; a directory is built beside its target and
 exchanged with it in one step (Linux renameat2 RENAME_EXCHANGE), so at every instant the target holds either the
@@ -95,19 +96,29 @@ class DuplicateKey(Exception):
         self.key, self.line = key, line
 
 
+class MergeKey(Exception):
+    def __init__(self, line: int) -> None:
+        self.line = line
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class NumberTooLong(Exception):
     def __init__(self, text: str, line: int) -> None:
         self.text, self.line = text, line
 
 
 class StrictLoader(_Loader):
-    """Safe loading (libyaml when present) with YAML 1.2 scalars and no duplicate keys."""
+    """Safe loading (libyaml when present) with YAML 1.2 scalars, no duplicate keys and no merge keys."""
 
     yaml_implicit_resolvers: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:  # checked before the base class flattens the merge away
+                raise MergeKey(key_node.start_mark.line + 1)
             key = key_node.value
             if key in seen:
                 raise DuplicateKey(str(key), key_node.start_mark.line + 1)
@@ -156,6 +167,11 @@ def parse_yaml(text: str, file: str) -> Any:
     except DuplicateKey as dup:
         raise GpushareError(Problem(f"key {dup.key!r} appears twice; YAML would keep only the last", file=file,
                                     line=dup.line, fix="remove one of them")) from None
+    except MergeKey as merge:
+        raise GpushareError(Problem("a YAML merge key (<<) copies keys in from an anchor, so what it sets has no line "
+                                    "of its own here and a review of the change would not show it", file=file,
+                                    line=merge.line, fix="write the keys out in this mapping (anchors and aliases "
+                                    "of whole values stay allowed)")) from None
     except NumberTooLong as big:
         shown = big.text if len(big.text) <= 24 else f"{big.text[:12]}...({len(big.text)} digits)"
         raise GpushareError(Problem(f"number {shown} is longer than {MAX_INT_DIGITS} digits", file=file,

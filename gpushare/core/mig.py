@@ -99,7 +99,7 @@ def parse_layout(text: str) -> Layout:
             raise _bad_item(item, "not a profile name with an optional =COUNT or @START")
         profile, count, start = match.group("profile", "count", "start")
         if start is not None:
-            if not re.fullmatch(r"-?\d+", start):
+            if not re.fullmatch(r"-?[0-9]+", start):
                 raise _bad_item(item, f"start {start!r} is not a whole number")
             if int(start) < 0:
                 raise _bad_item(item, f"start {start} is negative; starts count memory slices from 0")
@@ -107,7 +107,7 @@ def parse_layout(text: str) -> Layout:
             continue
         number = 1
         if count is not None:
-            if not re.fullmatch(r"-?\d+", count):
+            if not re.fullmatch(r"-?[0-9]+", count):
                 raise _bad_item(item, f"count {count[:20]!r} is not a whole number")
             if len(count.lstrip("-")) > 4:
                 raise _bad_item(item, f"count {count[:20]} is more than any GPU holds ({max_instances_per_gpu()})")

@@ -311,7 +311,7 @@ class _Resolver:
         pools: list[ResolvedPool] = []
         seen_pools: set[str] = set()
         host_names: dict[str, str] = {}
-        addresses: dict[str, str] = {}
+        addresses: dict[str, tuple[str, str]] = {}  # machine -> (host, address as written)
         for pi, pool in enumerate(env.pools):
             ploc: tuple[Any, ...] = ("pools", pi)
             if pool.name in seen_pools:
@@ -331,11 +331,15 @@ class _Resolver:
                              "a host belongs to exactly one pool: remove the duplicate")
                 else:
                     host_names[host.name] = pool.name
-                if host.address in addresses and addresses[host.address] != host.name:
+                # By machine, not by spelling: ::ffff:10.0.0.1 is 10.0.0.1, so one host cannot sit in two pools.
+                key = spec.address_key(host.address)
+                if key in addresses and addresses[key][0] != host.name:
+                    other, written = addresses[key]
+                    same = "" if written == host.address else f" (written {written} there: the same machine)"
                     self.err((*hloc, "address"),
-                             f"address {host.address} of host {host.name!r} is also host "
-                             f"{addresses[host.address]!r}'s", "give each host its own address")
-                addresses.setdefault(host.address, host.name)
+                             f"address {host.address} of host {host.name!r} is also host {other!r}'s{same}",
+                             "give each host its own address")
+                addresses.setdefault(key, (host.name, host.address))
             before = len(self.problems)
             resolved = self.pool(pool, ploc, cluster)
             if resolved is not None:

@@ -32,14 +32,16 @@ from gpushare.core.files import load_yaml_file
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Label values are at most 63 characters; config names are built from a profile name, a GPU slug and a hash.
 PROFILE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,28}[a-z0-9])?$"
-VERSION_PATTERN = r"^\d+\.\d+(\.\d+)?$"
+# Digits are spelt [0-9]: `\d` also matches other scripts' digits (pydantic's and Python's regexes both), which
+# int() would then read as numbers while every tool downstream sees a different string (one reading of each value).
+VERSION_PATTERN = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"
 RESOURCE_PATTERN = r"^[a-z0-9.-]+/[a-zA-Z0-9._-]+$"
 
-KUBERNETES_MINOR_PATTERN = r"^1\.\d{2}$"
+KUBERNETES_MINOR_PATTERN = r"^1\.[0-9]{2}$"
 MIN_KUBERNETES_MINOR = (1, 30)
 # Dynamic Resource Allocation is GA (resource.k8s.io/v1, on by default) from 1.34.
 MIN_DRA_KUBERNETES_MINOR = (1, 34)
-DRA_DRIVER_VERSION_PATTERN = r"^v\d+\.\d+\.\d+$"
+DRA_DRIVER_VERSION_PATTERN = r"^v[0-9]+\.[0-9]+\.[0-9]+$"
 FEATURE_GATE_PATTERN = r"^[A-Z][A-Za-z0-9]{0,62}$"
 # Namespaces that run the cluster or GPU infrastructure: never a tenant's (the Pulumi program adds the ones its
 # stack config names). Every kube-* namespace belongs to Kubernetes itself.
@@ -161,20 +163,62 @@ Description = Annotated[str, AfterValidator(_description), WithJsonSchema(
     {"type": "string", "maxLength": DESCRIPTION_MAX_LENGTH, "not": {"pattern": r"\{\{|\{%|\{#|\$\(|`"}})]
 
 
+# A management address names another machine: these can only be the machine gpushare runs on (or no machine), so
+# the same file would mean the CI runner in `check` and the deploy host in `rollout`.
+_CONTROLLER_ONLY_NAMES = ("localhost", "localhost.localdomain")
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # RFC 1122 "this host on this network"; Linux reads it as local
+
+
+def _ip_of(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(value.partition("%")[0])
+    except ValueError:
+        return None
+
+
+def address_key(value: str) -> str:
+    """One spelling per machine, to find two hosts at one address: an IPv4-mapped IPv6 address (::ffff:10.0.0.1)
+    is its IPv4 address, IPv6 is compressed and lowercase, a hostname is itself."""
+    ip = _ip_of(value)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return value if ip is None else ip.compressed
+
+
+def _controller_only(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """Why an address cannot be another machine's management address, or None."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return "is a loopback address: it would be the machine gpushare runs on, not a GPU host"
+    if ip.is_unspecified or (isinstance(ip, ipaddress.IPv4Address) and ip in _THIS_NETWORK):
+        return "is an unspecified (\"this host\") address, which names no other machine"
+    if ip.is_link_local:
+        return ("is a link-local address: which machine it reaches depends on the controller's own links (169.254."
+                "169.254 is a cloud's metadata server)")
+    if ip.is_multicast or (isinstance(ip, ipaddress.IPv4Address) and ip.is_reserved):
+        return "is a multicast, broadcast or reserved address, not one machine's"
+    if isinstance(ip, ipaddress.IPv6Address) and int(ip) >> 32 == 0:
+        return "is an IPv4-compatible IPv6 address (::a.b.c.d, deprecated by RFC 4291), which no host answers at"
+    return None
+
+
 def _address(value: str) -> str:
-    """An IP address (v4, or v6 with at most an interface scope) or an RFC 1123 hostname in lowercase."""
+    """An IP address (v4, or v6 with at most an interface scope) or an RFC 1123 hostname in lowercase; never one
+    that can only be the controller itself."""
     fix = "write an IPv4 or IPv6 address (e.g. 10.40.1.11) or a lowercase DNS hostname (e.g. gpu-01.example.net)"
     address, _, scope = value.partition("%")
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        pass
-    else:
-        if not scope or (":" in address and re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", scope)):
-            return value
-        raise _refused(value, "has a scope that is not an interface name", fix)
+    ip = _ip_of(value)
+    if ip is not None:
+        if scope and not (":" in address and re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", scope)):
+            raise _refused(value, "has a scope that is not an interface name", fix)
+        why = _controller_only(ip)
+        if why is not None:
+            raise _refused(value, why, "write the host's own routable management address (e.g. 10.40.1.11)")
+        return value
     labels = value.split(".")
-    if all(label.isdigit() for label in labels):
+    # isascii: str.isdigit() is also true of other scripts' digits (and of superscripts), which are no address.
+    if all(label.isascii() and label.isdigit() for label in labels):
         raise _refused(value, "is not an IP address (four parts of 0-255, no leading zeros)", fix)
     if len(value) > HOSTNAME_MAX_LENGTH or not all(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", label)
                                                    for label in labels):
@@ -182,6 +226,9 @@ def _address(value: str) -> str:
                        "letters, digits and '-', not starting or ending with '-'; 253 characters at most)", fix)
     if labels[-1].isdigit():
         raise _refused(value, "ends in a number, so it reads as a broken IP address rather than a hostname", fix)
+    if value in _CONTROLLER_ONLY_NAMES or value.endswith(".localhost"):
+        raise _refused(value, "names the machine gpushare runs on (RFC 6761 localhost), not a GPU host",
+                       "write the host's own DNS name or routable management address")
     return value
 
 
@@ -627,7 +674,11 @@ def _fix_for(err: Any, model: type[BaseModel] | None, data_loc: tuple[Any, ...])
 _PATTERN_FIXES = {
     NAME_PATTERN: "use lowercase letters, digits and '-', starting and ending with a letter or digit (a DNS label)",
     PROFILE_NAME_PATTERN: "use at most 30 lowercase letters, digits and '-' (a DNS label)",
-    VERSION_PATTERN: "write a version as MAJOR.MINOR or MAJOR.MINOR.PATCH in quotes, e.g. \"1.18.2\"",
+    VERSION_PATTERN: "write a version as MAJOR.MINOR or MAJOR.MINOR.PATCH in quotes, in the digits 0-9, e.g. "
+                     "\"1.18.2\"",
+    KUBERNETES_MINOR_PATTERN: "write the cluster's Kubernetes minor as \"1.NN\" in quotes, in the digits 0-9, "
+                              "e.g. \"1.33\"",
+    DRA_DRIVER_VERSION_PATTERN: "write a driver release as vMAJOR.MINOR.PATCH in the digits 0-9, e.g. v0.5.0",
     RESOURCE_PATTERN: "write an extended resource name, e.g. nvidia.com/gpu or nvidia.com/mig-1g.10gb",
 }
 _TYPE_FIXES = {
@@ -796,4 +847,4 @@ _PROFILE_MODELS: dict[str, type[BaseModel]] = {
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", text))
+    return tuple(int(p) for p in re.findall(r"[0-9]+", text))

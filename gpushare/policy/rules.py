@@ -391,7 +391,7 @@ def _fail_requests(ctx: Context) -> Iterator[Finding]:
 
 
 # A version inside a toolkit version or an image tag: 1.18.2, v1.17.0-ubuntu20.04 and 1.17.8-1 each name theirs.
-_VERSION_IN_TAG = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+_VERSION_IN_TAG = re.compile(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")  # ASCII digits only, as spec.VERSION_PATTERN
 TOOLKIT_IMAGE = "container-toolkit"  # the repository name of NVIDIA's toolkit image (nvcr.io/nvidia/k8s/...)
 OPERATOR_VALUES_KEY = "gpushare:operatorValues"
 

@@ -1,0 +1,197 @@
+"""A pull request cannot weaken a guardrail by how it spells a change (issue 26, the contributor's side): each class
+of attack is refused with a located error and a fix, and its legitimate neighbour still passes. Where each class is
+enforced: docs/guardrails.md, "Threat model: contributors"."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.files import parse_yaml
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.resolve import resolve
+from gpushare.core.spec import address_key, load_profile_file, version_tuple
+from gpushare.policy.rules import load_waivers
+from tests.conftest import ENVIRONMENTS, PROFILES, WORKSPACE, host_named, pool_named, tenant_named
+
+DEV_TEXT = (ENVIRONMENTS / "dev.yaml").read_text()
+GUARDRAILS = WORKSPACE / "policies" / "guardrails.yaml"
+
+
+def problems_of(action: Callable[[], object]) -> list[Problem]:
+    with pytest.raises(GpushareError) as info:
+        action()
+    assert info.value.exit_code == 1
+    return info.value.problems
+
+
+def only(problems: list[Problem]) -> Problem:
+    assert len(problems) == 1, [str(p) for p in problems]
+    return problems[0]
+
+
+def env_file(tmp_path: Path, text: str, name: str = "dev") -> Path:
+    path = tmp_path / "environments" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def dev_with(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> Path:
+    data = yaml.safe_load(DEV_TEXT)
+    change(data)
+    return env_file(tmp_path, yaml.safe_dump(data, sort_keys=False))
+
+
+# ---------------------------------------------------------------- YAML merge keys
+
+# partner-eval is untrusted; a merge key copies the trusted tenant's entry into it, so the diff shows no `trust:` line.
+MERGED_TRUST = DEV_TEXT.replace("  - name: research\n", "  - &trusted_batch\n    name: research\n").replace(
+    "  - name: partner-eval\n    namespace: partner-eval\n    trust: untrusted\n    priority: batch\n",
+    "  - <<: *trusted_batch\n    name: partner-eval\n    namespace: partner-eval\n")
+
+
+def test_a_merge_key_that_changes_a_tenants_trust_is_refused(tmp_path: Path) -> None:
+    assert MERGED_TRUST != DEV_TEXT and "<<: *trusted_batch" in MERGED_TRUST
+    # Plain YAML would make the untrusted tenant trusted without a line saying so.
+    assert tenant_named(yaml.safe_load(MERGED_TRUST), "partner-eval")["trust"] == "trusted"
+    path = env_file(tmp_path, MERGED_TRUST)
+    problem = only(problems_of(lambda: resolve(path, PROFILES)))
+    assert "merge key" in problem.message and problem.file == str(path) and problem.fix
+    assert problem.line == MERGED_TRUST.splitlines().index("  - <<: *trusted_batch") + 1
+
+
+def test_anchors_and_aliases_of_whole_values_stay_allowed(tmp_path: Path) -> None:
+    # The neighbour: an alias stands on the line it changes (`taints: *pool_taints`), so a review sees it.
+    text = DEV_TEXT.replace("    taints:\n      - {key: gpushare.io/pool, value: a100-inference, effect: NoSchedule}",
+                            "    taints: &a100_taints\n      - {key: gpushare.io/pool, value: a100-inference, "
+                            "effect: NoSchedule}", 1).replace(
+        "    profile: notebooks-ts4\n", "    profile: notebooks-ts4\n    taints: *a100_taints\n", 1)
+    assert "taints: *a100_taints" in text
+    fleet = resolve(env_file(tmp_path, text), PROFILES)
+    assert fleet.pool("l4-notebooks").nodes[0].taints == fleet.pool("a100-inference").nodes[0].taints
+
+
+@pytest.mark.parametrize("kind", ["guardrails", "waivers", "profile"])
+def test_merge_keys_are_refused_in_every_workspace_file(tmp_path: Path, kind: str) -> None:
+    if kind == "guardrails":
+        text = GUARDRAILS.read_text()
+        prod = text.index("  prod:\n")
+        text = text[:prod] + "  staging:\n    <<: *never_used\n" + text[prod:]
+        path = tmp_path / "guardrails.yaml"
+        path.write_text(text.replace("environments:\n", "base: &never_used {}\nenvironments:\n", 1))
+        problem = only(problems_of(lambda: load_guardrails(path)))
+    elif kind == "waivers":
+        path = tmp_path / "waivers.yaml"
+        path.write_text("base: &w {rule: toolkit-cve-floor, environment: dev}\n"
+                        "waivers:\n  - <<: *w\n    where: pool a100-inference\n    reason: a reason long enough\n"
+                        "    expires: 2026-01-01\n")
+        problem = only(problems_of(lambda: load_waivers(path, load_guardrails(GUARDRAILS))))
+    else:
+        source = (PROFILES / "notebooks-ts4.yaml").read_text()
+        path = tmp_path / "notebooks-ts4.yaml"
+        path.write_text(source.replace("time_slicing:\n", "time_slicing: &ts\n", 1) + "shadow:\n  <<: *ts\n")
+        problem = only(problems_of(lambda: load_profile_file(path)))
+    assert "merge key" in problem.message and problem.file == str(path) and problem.line and problem.fix
+
+
+def test_a_quoted_double_angle_key_is_only_an_unknown_key() -> None:
+    # The neighbour: '<<' quoted is an ordinary key, left to the model (which refuses unknown keys).
+    assert parse_yaml("a: {'<<': 1}\n", "x.yaml") == {"a": {"<<": 1}}
+
+
+# ---------------------------------------------------------------- one reading of versions and numbers
+
+ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+
+
+@pytest.mark.parametrize(("field", "change"), [
+    ("defaults.toolkit_version", lambda d: d["defaults"].update(toolkit_version="1.18.2".translate(ARABIC_INDIC))),
+    ("defaults.containerd_version", lambda d: d["defaults"].update(containerd_version="2.١")),
+    ("clusters[0].kubernetes_version", lambda d: d["clusters"][0].update(kubernetes_version="1.٣٣")),
+    ("pools[2].hosts[0].containerd_version",
+     lambda d: pool_named(d, "l4-notebooks")["hosts"][0].update(containerd_version="２.1")),  # fullwidth 2
+])
+def test_versions_with_digits_of_other_scripts_are_refused(tmp_path: Path, field: str,
+                                                           change: Callable[[dict[str, Any]], None]) -> None:
+    # Python's int() reads these as 1.18.2 and 1.33, while every tool the value reaches sees another string.
+    problem = only(problems_of(lambda: resolve(dev_with(tmp_path, change), PROFILES)))
+    assert problem.path == field and problem.fix and "the digits 0-9" in problem.fix
+
+
+def test_ascii_versions_still_read_as_before(tmp_path: Path) -> None:
+    fleet = resolve(dev_with(tmp_path, lambda d: d["defaults"].update(toolkit_version="1.18.3")), PROFILES)
+    assert fleet.nodes[0].toolkit_version == "1.18.3"
+    assert version_tuple("1.18.3") == (1, 18, 3) and version_tuple("1.١٨.3") == (1, 3)
+
+
+def test_a_guardrail_floor_with_other_digits_is_refused(tmp_path: Path) -> None:
+    text = GUARDRAILS.read_text()
+    floor = load_guardrails(GUARDRAILS).toolkit.min_version
+    assert f'min_version: "{floor}"' in text
+    path = tmp_path / "guardrails.yaml"
+    path.write_text(text.replace(f'min_version: "{floor}"', f'min_version: "{floor.translate(ARABIC_INDIC)}"'))
+    problem = only(problems_of(lambda: load_guardrails(path)))
+    assert problem.path == "toolkit.min_version" and problem.line
+
+
+def test_a_mig_count_with_other_digits_is_not_a_number() -> None:
+    from gpushare.core.mig import parse_layout
+
+    with pytest.raises(GpushareError, match="not a whole number"):
+        parse_layout("1g.10gb=٢")
+    assert parse_layout("1g.10gb=2")
+
+
+# ---------------------------------------------------------------- management addresses
+
+
+def test_an_ipv4_mapped_address_cannot_put_one_machine_in_two_pools(tmp_path: Path) -> None:
+    path = dev_with(tmp_path, lambda d: host_named(d, "dev-l4-01").update(address="::ffff:10.40.2.11"))
+    problem = only(problems_of(lambda: resolve(path, PROFILES)))
+    assert problem.path == "pools[2].hosts[0].address"
+    assert "also host 'dev-h100-01'" in problem.message and "the same machine" in problem.message
+
+
+@pytest.mark.parametrize("spelling", ["::FFFF:10.40.2.11", "0:0:0:0:0:ffff:a28:20b"])
+def test_every_spelling_of_one_address_is_one_machine(spelling: str) -> None:
+    assert address_key(spelling) == address_key("10.40.2.11") == "10.40.2.11"
+    assert address_key("2001:DB8:0::1") == address_key("2001:db8::1")
+    assert address_key("gpu-01.example.net") == "gpu-01.example.net"
+
+
+def test_a_mapped_address_of_its_own_machine_is_allowed(tmp_path: Path) -> None:
+    fleet = resolve(dev_with(tmp_path, lambda d: host_named(d, "dev-l4-01").update(address="::ffff:10.40.3.11")),
+                    PROFILES)
+    assert fleet.pool("l4-notebooks").nodes[0].address == "::ffff:10.40.3.11"
+
+
+@pytest.mark.parametrize(("address", "why"), [
+    ("127.0.0.1", "loopback"), ("127.10.0.1", "loopback"), ("::1", "loopback"), ("::ffff:127.0.0.1", "loopback"),
+    ("0.0.0.0", "unspecified"), ("0.1.2.3", "unspecified"), ("::", "unspecified"),
+    ("169.254.169.254", "link-local"), ("fe80::1%eth0", "link-local"),
+    ("224.0.0.1", "multicast"), ("255.255.255.255", "broadcast"), ("::10.40.3.11", "IPv4-compatible"),
+    ("localhost", "localhost"), ("gpu.localhost", "localhost"),
+])
+def test_addresses_that_can_only_be_the_controller_are_refused(tmp_path: Path, address: str, why: str) -> None:
+    path = dev_with(tmp_path, lambda d: host_named(d, "dev-l4-01").update(address=address))
+    problem = only(problems_of(lambda: resolve(path, PROFILES)))
+    assert problem.path == "pools[2].hosts[0].address" and why in problem.message and problem.fix
+
+
+@pytest.mark.parametrize("address", ["10.40.3.12", "192.0.2.7", "2001:db8::7", "fd00::7", "gpu-07.example.net"])
+def test_routable_and_private_addresses_stay_allowed(tmp_path: Path, address: str) -> None:
+    fleet = resolve(dev_with(tmp_path, lambda d: host_named(d, "dev-l4-01").update(address=address)), PROFILES)
+    assert fleet.pool("l4-notebooks").nodes[0].address == address
+
+
+def test_an_address_of_other_scripts_digits_is_no_address(tmp_path: Path) -> None:
+    path = dev_with(tmp_path, lambda d: host_named(d, "dev-l4-01").update(address="10.40.3.11".translate(
+        ARABIC_INDIC)))
+    problem = only(problems_of(lambda: resolve(path, PROFILES)))
+    assert problem.path == "pools[2].hosts[0].address"
