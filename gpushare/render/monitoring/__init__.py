@@ -14,6 +14,7 @@ import yaml
 
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet
+from gpushare.render.monitoring.counters import read_counters
 from gpushare.render.monitoring.fields import dcgm_exporter_env, exported_fields, needs_virtual_gpus
 from gpushare.render.monitoring.rules import (
     kube_state_metrics_label_allowlist,
@@ -37,8 +38,11 @@ def dcgm_counters(fleet: ResolvedFleet) -> str:
     sections: dict[str, list[Any]] = {}
     for f in exported_fields():
         sections.setdefault(f.section or "Other", []).append(f)
-    return environment().get_template(COUNTERS_TEMPLATE).render(
+    text = environment().get_template(COUNTERS_TEMPLATE).render(
         environment=fleet.environment, virtual_gpus=needs_virtual_gpus(fleet), sections=list(sections.items()))
+    # A file dcgm-exporter refuses stops the exporter and with it every GPU metric: never hand one on.
+    read_counters(text, f"gpushare/templates/{COUNTERS_TEMPLATE} (rendered for {fleet.environment})")
+    return text
 
 
 def prometheus_rules_file(fleet: ResolvedFleet, guardrails: Guardrails, cluster: str | None = None) -> str:

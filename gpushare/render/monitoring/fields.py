@@ -12,6 +12,7 @@ from importlib.resources import files
 from typing import Literal
 
 from gpushare.core.resolve import ResolvedFleet
+from gpushare.render.monitoring.counters import read_counters
 
 FieldType = Literal["gauge", "counter", "label"]
 
@@ -39,7 +40,7 @@ EXTRA_FIELDS: tuple[DcgmField, ...] = (
     DcgmField("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter",
               "Double-bit persistent ECC errors over the GPU's life.", "gpushare: health"),
     DcgmField("DCGM_EXP_XID_ERRORS_COUNT", "counter",
-              "XID errors reported during the exporter's last window, labelled by xid.", "gpushare: health"),
+              "XID errors reported during the exporter's last window (one series per xid).", "gpushare: health"),
     DcgmField("DCGM_FI_DEV_THERMAL_VIOLATION", "counter",
               "Time throttled by thermal limits (in ns).", "gpushare: health"),
     DcgmField("DCGM_FI_DEV_POWER_VIOLATION", "counter",
@@ -55,30 +56,26 @@ REQUIRED_FIELDS = frozenset({
 })
 
 
-def parse_counters(text: str) -> list[DcgmField]:
-    """Fields of a dcgm-exporter counters CSV (`FIELD, type, help`; `#` starts a comment line)."""
-    out: list[DcgmField] = []
-    section = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line:
-            continue
-        if line.startswith("#"):
-            title = line.lstrip("#").strip()
-            # A section title is a comment that is not itself a commented-out field line.
-            if title and "," not in title and not title.startswith(("DCGM_", "If line", "Format", "NOTE")):
-                section = title
-            continue
-        name, kind, help_text = (part.strip() for part in line.split(",", 2))
-        if kind not in ("gauge", "counter", "label"):
-            raise ValueError(f"counters CSV: {name} has type {kind!r}; expected gauge, counter or label")
-        out.append(DcgmField(name, kind, help_text, section))  # type: ignore[arg-type]
-    return out
+def parse_counters(text: str, source: str = "counters CSV") -> list[DcgmField]:
+    """Fields of a dcgm-exporter counters CSV, read as dcgm-exporter reads it (counters.read_counters); each in the
+    section whose title comment comes last before it."""
+    section_at = [""]  # section_at[n]: the section line n is in
+    for raw in text.split("\n"):
+        title = raw.lstrip("#").strip()
+        # A section title is a comment that is not itself a commented-out field line.
+        if raw.startswith("#") and title and "," not in title and \
+                not title.startswith(("DCGM_", "If line", "Format", "NOTE")):
+            section_at.append(title)
+        else:
+            section_at.append(section_at[-1])
+    return [DcgmField(row.name, row.type, row.help, section_at[row.line])  # type: ignore[arg-type]
+            for row in read_counters(text, source)]
 
 
 @cache
 def default_fields() -> tuple[DcgmField, ...]:
-    return tuple(parse_counters(files("gpushare.render.monitoring").joinpath(DEFAULTS_FILE).read_text()))
+    text = files("gpushare.render.monitoring").joinpath(DEFAULTS_FILE).read_text()
+    return tuple(parse_counters(text, f"gpushare/render/monitoring/{DEFAULTS_FILE}"))
 
 
 def exported_fields() -> list[DcgmField]:

@@ -1,0 +1,3 @@
+module gpushare.local/dcgmcounters
+
+go 1.22
