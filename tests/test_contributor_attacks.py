@@ -195,3 +195,135 @@ def test_an_address_of_other_scripts_digits_is_no_address(tmp_path: Path) -> Non
         ARABIC_INDIC)))
     problem = only(problems_of(lambda: resolve(path, PROFILES)))
     assert problem.path == "pools[2].hosts[0].address"
+
+
+# ---------------------------------------------------------------- files outside the workspace
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the frozen workspace (marker, environments, profiles, policies, stacks), as GPUSHARE_ROOT."""
+    import shutil
+
+    root = tmp_path / "ws"
+    shutil.copytree(WORKSPACE, root)
+    monkeypatch.setenv("GPUSHARE_ROOT", str(root))
+    return root
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path) -> Path:
+    """A folder outside the workspace, holding an environment and a profile a reviewer never sees."""
+    import shutil
+
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    shutil.copy(ENVIRONMENTS / "dev.yaml", folder / "dev.yaml")
+    shutil.copy(PROFILES / "notebooks-ts4.yaml", folder / "notebooks-ts4.yaml")
+    return folder
+
+
+def link(path: Path, target: Path) -> Path:
+    """Replace a file (or an empty spot) with a symbolic link to target."""
+    path.unlink(missing_ok=True)
+    path.symlink_to(target)
+    return path
+
+
+def test_an_environment_file_linked_out_of_the_workspace_is_refused(workspace: Path, elsewhere: Path) -> None:
+    env = link(workspace / "environments" / "dev.yaml", elsewhere / "dev.yaml")
+    problem = only(problems_of(lambda: resolve(env)))
+    assert problem.file == str(env) and "outside the workspace" in problem.message
+    assert str(elsewhere / "dev.yaml") in problem.message and "cp --remove-destination" in (problem.fix or "")
+
+
+def test_a_folder_linked_out_of_the_workspace_is_refused_too(workspace: Path, elsewhere: Path) -> None:
+    import shutil
+
+    shutil.rmtree(workspace / "environments")
+    link(workspace / "environments", elsewhere)
+    problem = only(problems_of(lambda: resolve(workspace / "environments" / "dev.yaml")))
+    assert "outside the workspace" in problem.message
+
+
+def test_a_profile_linked_out_of_the_workspace_is_refused(workspace: Path, elsewhere: Path) -> None:
+    profile = link(workspace / "profiles" / "notebooks-ts4.yaml", elsewhere / "notebooks-ts4.yaml")
+    problem = only(problems_of(lambda: resolve(workspace / "environments" / "dev.yaml")))
+    assert problem.file == str(profile) and "profile file" in problem.message
+
+
+def test_a_guardrails_file_linked_out_of_the_workspace_is_refused(workspace: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "guardrails.yaml"
+    outside.write_text(GUARDRAILS.read_text())
+    path = link(workspace / "policies" / "guardrails.yaml", outside)
+    problem = only(problems_of(lambda: load_guardrails(path)))
+    assert problem.file == str(path) and "outside the workspace" in problem.message
+
+
+def test_links_inside_the_workspace_stay_allowed(workspace: Path) -> None:
+    # The neighbour: this checkout links profiles/ and policies/guardrails.yaml into the package, inside the repository.
+    import shutil
+
+    shutil.move(workspace / "profiles", workspace / "shared-profiles")
+    link(workspace / "profiles", workspace / "shared-profiles")
+    (workspace / "environments" / "current").mkdir()
+    shutil.move(workspace / "environments" / "dev.yaml", workspace / "environments" / "current" / "dev.yaml")
+    link(workspace / "environments" / "dev.yaml", Path("current") / "dev.yaml")
+    assert resolve(workspace / "environments" / "dev.yaml").environment == "dev"
+
+
+def test_a_file_named_outside_every_workspace_is_read_as_given(elsewhere: Path) -> None:
+    # `--env /some/path.yaml` is the caller's choice, not a file a pull request slipped in.
+    assert resolve(elsewhere / "dev.yaml", PROFILES).environment == "dev"
+
+
+def stack_with(workspace: Path, environment: str, name: str = "dev") -> Path:
+    stack = workspace / f"Pulumi.{name}.yaml"
+    data = yaml.safe_load(stack.read_text())
+    data["config"]["gpushare:environment"] = environment
+    stack.write_text(yaml.safe_dump(data))
+    return stack
+
+
+@pytest.mark.parametrize("spelling", ["../elsewhere/dev.yaml", "{elsewhere}/dev.yaml",
+                                      "environments/../../elsewhere/dev.yaml"])
+def test_a_stack_that_deploys_a_file_outside_the_workspace_is_refused(workspace: Path, elsewhere: Path,
+                                                                      spelling: str) -> None:
+    from gpushare.core.stacks import stack_config
+
+    stack = stack_with(workspace, spelling.format(elsewhere=elsewhere))
+    problem = only(problems_of(lambda: stack_config("dev")))
+    assert problem.file == str(stack) and problem.path == "gpushare:environment"
+    assert "outside the workspace" in problem.message and "environments/dev.yaml" in (problem.fix or "")
+
+
+def test_a_stack_whose_environment_is_linked_out_of_the_workspace_is_refused(workspace: Path, elsewhere: Path
+                                                                             ) -> None:
+    from gpushare.core.stacks import stack_config
+
+    link(workspace / "environments" / "dev.yaml", elsewhere / "dev.yaml")
+    problem = only(problems_of(lambda: stack_config("dev")))
+    assert problem.path == "gpushare:environment" and "through a symbolic link" in problem.message
+
+
+def test_check_judges_the_file_the_stack_deploys(workspace: Path) -> None:
+    import shutil
+
+    from gpushare.policy.rules import RULES, context_for
+
+    identity = RULES["environment-identity"]
+    assert identity.run(context_for("dev")) == []  # the neighbour: the stack deploys environments/dev.yaml
+    # Inside the workspace, named dev, but not the file `check --env dev` judges.
+    (workspace / "environments" / "next").mkdir()
+    shutil.copy(workspace / "environments" / "dev.yaml", workspace / "environments" / "next" / "dev.yaml")
+    stack_with(workspace, "environments/next/dev.yaml")
+    (violation,) = identity.run(context_for("dev"))
+    assert "deploys" in violation.message and "environments/next/dev.yaml" in violation.message
+
+
+def test_the_program_refuses_a_stack_environment_that_climbs_out(workspace: Path, elsewhere: Path) -> None:
+    from gpushare.ops.preview import collect_plan
+
+    config = yaml.safe_load((workspace / "Pulumi.dev.yaml").read_text())["config"]
+    with pytest.raises(GpushareError, match="outside the workspace"):
+        collect_plan("dev", {**config, "gpushare:environment": "../elsewhere/dev.yaml"})

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.paths import project_root
+from gpushare.core.paths import check_inside_workspace, project_root
 from gpushare.core.spec import (
     VERSION_PATTERN,
     Strict,
@@ -294,4 +294,6 @@ def _load(path: Path) -> Guardrails:
 
 
 def load_guardrails(path: Path | None = None) -> Guardrails:
-    return _load((path or guardrails_path()).resolve())
+    path = path or guardrails_path()
+    check_inside_workspace(path, "guardrails file")  # before resolve(): the cache is keyed by the real path
+    return _load(path.resolve())

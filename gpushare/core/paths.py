@@ -35,6 +35,36 @@ def find_workspace(start: Path) -> Path | None:
     return next((d for d in (start, *start.parents) if (d / WORKSPACE_MARKER).is_file()), None)
 
 
+def lexical_workspace(path: Path) -> Path | None:
+    """The workspace a path names by its spelling: the nearest directory above it, symbolic links not followed,
+    that holds the workspace marker. None for a path outside every workspace (a file named on the command line)."""
+    absolute = Path(os.path.normpath(path.absolute()))
+    return next((d for d in absolute.parents if (d / WORKSPACE_MARKER).is_file()), None)
+
+
+def outside_workspace(path: Path) -> tuple[Path, Path] | None:
+    """(workspace, real path) where a path spelt inside a workspace really lies outside it, through a symbolic link
+    (of the file or of a folder above it); None where it does not. What Git shows a reviewer is the link, not the
+    file it leads to, and the machine that deploys may hold another file there than the one CI checked."""
+    root = lexical_workspace(path)
+    if root is None:
+        return None
+    real = path.resolve()
+    return None if real.is_relative_to(root.resolve()) else (root, real)
+
+
+def check_inside_workspace(path: Path, what: str) -> None:
+    """Refuse a workspace file that is read from outside its workspace (see outside_workspace)."""
+    found = outside_workspace(path)
+    if found is not None:
+        root, real = found
+        raise GpushareError(Problem(
+            f"{what} is a symbolic link (or lies below one) that leads outside the workspace {root}, to {real}: "
+            "a review sees only the link, and the machine that deploys may read another file there",
+            file=str(path), fix=f"copy the file into the workspace in place of the link (cp --remove-destination "
+            f"{real} {path}), or link only to files inside {root}"))
+
+
 def project_root() -> Path:
     """The workspace: GPUSHARE_ROOT where set, else found by walking up from the working directory; never the
     package's own location, so an installed gpushare reads the user's files wherever it lives."""

@@ -28,6 +28,7 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import load_yaml_file
+from gpushare.core.paths import check_inside_workspace
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Label values are at most 63 characters; config names are built from a profile name, a GPU slug and a hash.
@@ -755,7 +756,9 @@ def validation_problems(exc: ValidationError, doc: Located, model: type[BaseMode
 
 
 def read_yaml(path: Path, what: str = "file") -> Located:
-    """A YAML file through the one shared loader (gpushare.files), kept with its text for line numbers."""
+    """A YAML file through the one shared loader (gpushare.files), kept with its text for line numbers. A file in a
+    workspace must really be there: a symbolic link out of it is refused (core.paths.check_inside_workspace)."""
+    check_inside_workspace(path, what)
     text, data = load_yaml_file(path, what)
     return Located(str(path), data, text)
 
@@ -817,7 +820,7 @@ def load_environment(path: Path) -> tuple[Environment, Located]:
 
 
 def load_profile_file(path: Path) -> tuple[Any, Located]:
-    doc = read_yaml(path)
+    doc = read_yaml(path, "profile file")
     if not isinstance(doc.data, dict):
         raise GpushareError(Problem("a profile file must be a mapping", file=doc.file, line=1,
                                     fix="start from a profile in profiles/, e.g. profiles/exclusive.yaml"))

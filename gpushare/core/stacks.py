@@ -9,7 +9,35 @@ from typing import Any
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import load_yaml_file
-from gpushare.core.paths import project_root
+from gpushare.core.paths import check_inside_workspace, lexical_workspace, project_root
+
+ENVIRONMENT_KEY = "gpushare:environment"
+
+
+def environment_file(value: Any, root: Path | None = None) -> Path:
+    """The environment file a stack's `gpushare:environment` names, as every consumer reads it (the program, the
+    policy pack, `gpushare check`): relative to the workspace root, or absolute."""
+    path = Path(str(value))
+    return path if path.is_absolute() else (root or project_root()) / path
+
+
+def environment_escape(stack_file: Path, value: Any) -> Problem | None:
+    """Why a stack file's `gpushare:environment` leads outside the stack file's workspace, or None: `check` judges
+    environments/<env>.yaml, so a stack deploying a file elsewhere (`../`, an absolute path, a symbolic link) would
+    deploy a file no check has judged."""
+    workspace = lexical_workspace(stack_file)
+    if workspace is None:
+        return None  # a stack file named on the command line, outside every workspace
+    target = environment_file(value, project_root())
+    spelt = Path(os.path.normpath(target))
+    real = target.resolve()
+    if spelt.is_relative_to(workspace) and real.is_relative_to(workspace.resolve()):
+        return None
+    how = "through a symbolic link " if spelt.is_relative_to(workspace) else ""
+    return Problem(f"{ENVIRONMENT_KEY} {str(value)[:200]!r} leads {how}outside the workspace {workspace} (to {real}): "
+                   "the stack would deploy a file that `gpushare check` never judged", file=str(stack_file),
+                   path=ENVIRONMENT_KEY, fix=f"name the environment file inside the workspace, e.g. {ENVIRONMENT_KEY}: "
+                   f"environments/{stack_file.name[len('Pulumi.'):-len('.yaml')]}.yaml")
 
 
 def stack_config(env: str) -> tuple[str, dict[str, Any], list[str]]:
@@ -26,11 +54,10 @@ def stack_config(env: str) -> tuple[str, dict[str, Any], list[str]]:
             raise GpushareError(Problem("file not found", file=str(path), fix="check the path"), exit_code=2)
         for candidate in stacks:
             name, config, _ = _read_stack(candidate)
-            target = Path(str(config.get("gpushare:environment", "")))
-            target = target if target.is_absolute() else root / target
+            target = environment_file(config.get(ENVIRONMENT_KEY, ""), root)
             if target.exists() and target.resolve() == path.resolve():
                 return name, config, []
-        config = {"gpushare:environment": str(path.resolve()), "gpushare:monitoring": {"mode": "install"}}
+        config = {ENVIRONMENT_KEY: str(path.resolve()), "gpushare:monitoring": {"mode": "install"}}
         return path.stem, config, [
             f"no stack names {path}: previewed as stack {path.stem!r} with an installed monitoring stack and no "
             "cloud cluster settings"]
@@ -43,9 +70,12 @@ def stack_config(env: str) -> tuple[str, dict[str, Any], list[str]]:
 
 
 def _read_stack(path: Path) -> tuple[str, dict[str, Any], list[str]]:
+    check_inside_workspace(path, "stack file")
     data = load_yaml_file(path, "stack file")[1] or {}
     config = data.get("config") if isinstance(data, dict) else None
     if not isinstance(config, dict):
         raise GpushareError(Problem("a stack file needs a config: mapping", file=str(path),
                                     fix="start from Pulumi.dev.yaml"), exit_code=2)
+    if ENVIRONMENT_KEY in config and (escape := environment_escape(path, config[ENVIRONMENT_KEY])) is not None:
+        raise GpushareError(escape)
     return path.name[len("Pulumi."):-len(".yaml")], config, []

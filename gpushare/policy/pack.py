@@ -22,7 +22,8 @@ from pulumi_policy import (
 from gpushare.core.errors import GpushareError
 from gpushare.core.paths import project_root
 from gpushare.core.resolve import resolve, resolve_env
-from gpushare.core.stacks import stack_config
+from gpushare.core.stacks import ENVIRONMENT_KEY, stack_config
+from gpushare.core.stacks import environment_file as stacks_environment_file
 from gpushare.policy.rules import (
     RULES,
     WAIVER_RULES,
@@ -53,12 +54,10 @@ def stack_file_config(stack: str) -> dict[str, Any]:
 
 def environment_file(stack: str) -> Path:
     """The environment file a stack names in `gpushare:environment` (Pulumi.<stack>.yaml)."""
-    root = project_root()
-    env = stack_file_config(stack).get("gpushare:environment")
+    env = stack_file_config(stack).get(ENVIRONMENT_KEY)
     if not env:
-        raise GpushareError(f"Pulumi.{stack}.yaml does not set gpushare:environment", exit_code=2)
-    path = Path(env)
-    return path if path.is_absolute() else root / path
+        raise GpushareError(f"Pulumi.{stack}.yaml does not set {ENVIRONMENT_KEY}", exit_code=2)
+    return stacks_environment_file(env)
 
 
 def _known(value: Any) -> bool:

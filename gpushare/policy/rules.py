@@ -68,6 +68,9 @@ class Context:
     rendered: Mapping[str, str] | None = None
     environment: str | None = None  # the environment as the CLI or the Pulumi stack names it
     stack_config: Mapping[str, Any] | None = None  # the stack file's config (Pulumi.<stack>.yaml), where one names it
+    # The environment file that stack deploys, where `gpushare check` judges the environment a stack names: it must
+    # be the file judged, or CI passes one file and `pulumi up` applies another.
+    deployed: Path | None = None
 
     @property
     def name(self) -> str:
@@ -125,7 +128,8 @@ def _replicas(fleet: ResolvedFleet, node: ResolvedNode) -> int:
 
 @rule("environment-identity", "mandatory",
       "The environment checked is the one the CLI or the Pulumi stack names: the file it loads is named after it "
-      "and says the same `name:`, so no environment is judged by another's limits.",
+      "and says the same `name:`, so no environment is judged by another's limits; the stack that deploys it "
+      "deploys that same file.",
       "point the stack's gpushare:environment at environments/<stack>.yaml, and keep each file's name: equal to its "
       "file name")
 def _identity(ctx: Context) -> Iterator[Finding]:
@@ -138,6 +142,10 @@ def _identity(ctx: Context) -> Iterator[Finding]:
     if stem != fleet.environment:
         yield (f"environment {ctx.name}",
                f"{fleet.source} says name: {fleet.environment!r} but its file name says {stem!r}")
+    if ctx.deployed is not None and ctx.deployed.resolve() != Path(fleet.source).resolve():
+        yield (f"environment {ctx.name}",
+               f"Pulumi.{ctx.name}.yaml deploys {ctx.deployed}, but the file judged here is {fleet.source}: "
+               "what passes this check is not what `pulumi up` applies")
 
 
 @rule("oversubscription-limit", "mandatory",
@@ -992,6 +1000,10 @@ def context_for(env: str, plan: list[PlanResource] | None = None, guardrails: Gu
     g = guardrails or load_checked_guardrails()
     limits = g.environment(named)
     source = resolve_env(limits.promote_from) if limits.promote_from else None
+    config = stack_settings(env)
+    from gpushare.core.stacks import ENVIRONMENT_KEY, environment_file
+
+    deployed = environment_file(config[ENVIRONMENT_KEY]) if config and config.get(ENVIRONMENT_KEY) else None
     return Context(fleet=fleet, guardrails=g, plan=plan, promotion_source=source, environment=named,
-                   stack_config=stack_settings(env))
+                   stack_config=config, deployed=deployed)
 

@@ -15,6 +15,7 @@ from gpushare.core.errors import GpushareError
 from gpushare.core.guardrails import load_guardrails
 from gpushare.core.paths import project_root
 from gpushare.core.resolve import resolve
+from gpushare.core.stacks import environment_escape, environment_file, stack_config
 from gpushare.program.components import operator_values as ov
 from gpushare.program.program import plan_cluster, register_cluster
 from gpushare.program.stack_config import load_stack_config
@@ -22,10 +23,15 @@ from gpushare.program.stack_config import load_stack_config
 
 def main() -> None:
     stack = load_stack_config()
-    env_file = Path(stack.environment)
-    if not env_file.is_absolute():
-        env_file = project_root() / env_file
-    fleet = resolve(env_file)
+    root = project_root()
+    # `pulumi up` takes gpushare:environment from Pulumi.<stack>.yaml: that file is held to the workspace as
+    # `gpushare check` reads it (core.stacks), and a relative value may not climb out of the workspace either.
+    if (root / stack.file).is_file():
+        stack_config(stack.stack)
+    if not Path(stack.environment).is_absolute() and (
+            escape := environment_escape(root / stack.file, stack.environment)) is not None:
+        raise GpushareError(escape)
+    fleet = resolve(environment_file(stack.environment, root))
     stack.check_clusters(list(fleet.clusters))
     guardrails = load_guardrails()
     kept = ov.kept_device_plugin_configs(stack.keep_device_plugin_configs, fleet, project_root(), stack.file)
