@@ -220,6 +220,20 @@ def test_bigger_plan_keeps_rules_and_reports_gap() -> None:
         assert plan.gpus_used < plan.baseline_gpus
 
 
+def test_a_plan_the_exact_mip_proves_optimal_has_no_gap() -> None:
+    """The MIP over every fill proves the plan's cost optimal: that proof is the lower bound, so the text's
+    "optimal (proven ...)" and the JSON's gap agree (the LP relaxation's value stays in lp_value)."""
+    demand = ROOT / "examples" / "demand" / "training-cost.yaml"
+    result = runner.invoke(app, ["pack", "--demand", str(demand), "--json", "--time-limit", "30"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["solve"]["method"] == "mip" and doc["optimal"] is True
+    assert doc["gap"] == 0 and doc["lower_bound"] == doc["cost"]
+    assert doc["lp_value"] < doc["cost"]  # the relaxation alone would have left a gap
+    text = runner.invoke(app, ["pack", "--demand", str(demand), "--time-limit", "30"], env={"COLUMNS": "200"})
+    assert f"lower bound {doc['cost']:g}: optimal (proven by the exact MIP)" in text.stdout
+
+
 # ---------------------------------------------------------------- infeasible demand
 
 

@@ -174,7 +174,7 @@ class PackPlan:
             "objective": self.demand.objective,
             "gpus_used": self.gpus_used,
             "cost": round(self.objective, 6),
-            "lower_bound": self.lower_bound,
+            "lower_bound": round(self.lower_bound, 6),
             "gap": round(self.gap, 6),
             "optimal": self.optimal,
             "baseline_gpus": self.baseline_gpus,
@@ -426,6 +426,8 @@ def _plan(problem: PackProblem, result: SolveResult, fewer_replicas: bool = True
     else:
         lower = max(0.0, math.floor(lower * 1e6) / 1e6)
     lower = min(lower, result.objective)
+    if result.proven_optimal:
+        lower = result.objective  # the exact MIP over every fill proved no plan is cheaper: that is the bound
     plan = PackPlan(problem, gpus, result.objective, lower, result.lp_value, result.proven_optimal,
                     result.converged, result.method, float(result.stats.get("seconds", 0.0)), result.stats)
     if problem.restricted_profiles is False and fewer_replicas:
