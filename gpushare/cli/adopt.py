@@ -199,17 +199,18 @@ def pick_cluster(clusters: list[str], wanted: str | None) -> str:
 
 def print_drift(report: DriftReport) -> None:
     from rich.console import Console
-    from rich.table import Table
+
+    from gpushare.cli.common import print_records
 
     console = Console(highlight=False)
+    columns = ("node", "kind", "field", "git", "cluster")
     for title, items in (("drift", report.drift), ("pending (the next rollout applies these)", report.pending)):
         if not items:
             continue
-        table = Table(title=f"{report.environment}: {title}")
-        for col in ("node", "kind", "field", "git", "cluster"):
-            table.add_column(col, overflow="fold")
-        for d in items:
-            table.add_row(d.node, d.kind, d.field, d.git, d.cluster)
-        console.print(table)
+        # Cells are plain text, never markup: `labels[gpushare.io/pool]` keeps its brackets. Narrower than the
+        # table: a block per item headed "node  kind  field".
+        print_records(console, f"{report.environment}: {title}", columns,
+                      [{"node": d.node, "kind": d.kind, "field": d.field, "git": d.git, "cluster": d.cluster}
+                       for d in items], heading=("node", "kind", "field"), show_lines=False)
     verdict = "no drift" if report.ok else f"{len(report.drift)} drift items"
     console.print(f"{report.environment}: {verdict}, {len(report.pending)} pending", markup=False)

@@ -4,12 +4,19 @@ with their fixes, or one JSON object) and returns the exit to raise."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gpushare.core.errors import GpushareError
+
+if TYPE_CHECKING:
+    from rich.console import Console, JustifyMethod, RenderableType
+    from rich.text import Text
+
+    Cell = str | Text
 
 EnvOption = Annotated[str, typer.Option("--env", "-e", help="Environment name under environments/, or a path.")]
 ProfilesOption = Annotated[
@@ -40,3 +47,64 @@ def fail(err: GpushareError, as_json: bool) -> typer.Exit:
             if p.fix:
                 console.print(f"    [green]fix[/]: {escape(p.fix)}", soft_wrap=True)
     return typer.Exit(code=err.exit_code)
+
+
+def fits(console: Console, tables: Sequence[RenderableType]) -> bool:
+    """Whether every table shows at the console's width with no cell wrapped."""
+    from rich.measure import Measurement
+
+    wide = console.options.update_width(10_000)
+    return all(Measurement.get(console, wide, t).maximum <= console.width for t in tables)
+
+
+def as_text(cell: Cell) -> Text:
+    """A cell as Rich Text: plain strings are never read as markup (`labels[gpushare.io/pool]` stays whole)."""
+    from rich.text import Text
+
+    return cell if isinstance(cell, Text) else Text(cell)
+
+
+def print_records(console: Console, title: str, columns: Sequence[str], rows: Sequence[Mapping[str, Cell]], *,
+                  heading: Sequence[str] = (), head: Callable[[Mapping[str, Cell]], Cell] | None = None,
+                  justify: Mapping[str, JustifyMethod] | None = None, no_wrap: Collection[str] = (),
+                  show_lines: bool = True) -> None:
+    """Rows as a table where it fits the console's width unwrapped; otherwise one block per row, so nothing is cut
+    mid-word into a narrow column: a heading line (the `heading` columns, default the first), then `column: value`
+    for the other non-empty columns, the values wrapped beside their keys. `head` formats the heading line from the
+    row (default: the heading columns' values, two spaces apart)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, show_lines=show_lines)
+    for col in columns:
+        table.add_column(col, overflow="fold", justify=(justify or {}).get(col, "left"),
+                         no_wrap=col in no_wrap)
+    for row in rows:
+        table.add_row(*(as_text(row.get(col, "")) for col in columns))
+    if fits(console, [table]):
+        console.print(table)
+        return
+    head_columns = tuple(heading or columns[:1])
+    console.print(Text(title, style="bold"))
+    for row in rows:
+        line = as_text(head(row)) if head is not None else \
+            Text("  ").join(as_text(row[c]) for c in head_columns if row.get(c))
+        rest = [(col, row[col]) for col in columns if col not in head_columns and row.get(col)]
+        if rest:
+            console.print()
+        console.print(line)
+        if rest:
+            key_values(console, [(col, as_text(value)) for col, value in rest])
+
+
+def key_values(console: Console, pairs: Sequence[tuple[str, Text]], indent: int = 2) -> None:
+    """`key: value` lines, each value wrapped at word boundaries under its own column (no trailing padding)."""
+    from rich.text import Text
+
+    width = max(len(k) for k, _ in pairs) + 2
+    room = max(20, console.width - indent - width)
+    for key, value in pairs:
+        for i, line in enumerate(value.wrap(console, room, overflow="fold")):
+            line.rstrip()
+            head = f"{key}:".ljust(width) if i == 0 else " " * width
+            console.print(Text(" " * indent + head) + line, soft_wrap=True)

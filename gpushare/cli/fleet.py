@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.cli.common import EnvOption, JsonOption, ProfilesOption, fail
+from gpushare.cli.common import EnvOption, JsonOption, ProfilesOption, fail, fits
 from gpushare.core.errors import GpushareError
 
 if TYPE_CHECKING:
@@ -174,13 +174,6 @@ def _plan_tables(fleet: ResolvedFleet, pools: list[dict[str, str]], tenants: lis
     return tables
 
 
-def _fits(console: Console, tables: list[Table]) -> bool:
-    from rich.measure import Measurement
-
-    wide = console.options.update_width(10_000)
-    return all(Measurement.get(console, wide, t).maximum <= console.width for t in tables)
-
-
 def _key_values(console: Console, pairs: dict[str, str], indent: int = 2) -> None:
     """`key: value` lines; a value of several lines, or too long a line, continues under the value column."""
     import textwrap
@@ -249,7 +242,7 @@ def plan_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonO
     pools, tenants = [_pool_cells(p) for p in fleet.pools], _tenant_rows(tenancy)
     allocation = allocation_rows(fleet)
     tables = _plan_tables(fleet, pools, tenants, allocation)
-    if _fits(console, tables):
+    if fits(console, tables):
         for table in tables:
             console.print(table)
     else:

@@ -88,22 +88,26 @@ def pack_command(
 
 def _print_plan(plan: PackPlan, env_out: Path | None) -> None:
     from rich.console import Console
-    from rich.table import Table
+    from rich.markup import escape
+
+    from gpushare.cli.common import print_records
 
     console = Console(highlight=False)
     title = f"gpushare pack: {plan.demand.name or 'demand'}" + (
         f" in {plan.problem.environment}" if plan.problem.environment else "")
-    table = Table(title=title, show_lines=True)
-    for col in ("GPU model", "GPUs", "profile", "MIG layout per GPU", "workloads", "replicas"):
-        table.add_column(col, overflow="fold", justify="right" if col in ("GPUs", "replicas") else "left")
+    rows = []
     for pool in plan.pools():
         layout = "\n".join(f"{p} x{n}" for p, n in pool["layout"].items()) or "-"
         sharing = pool["sharing"] + (f" x{pool['replicas']}" if pool["replicas"] > 1 else "")
         names = ", ".join(pool["workloads"][:6]) + (f" (+{len(pool['workloads']) - 6})"
                                                    if len(pool["workloads"]) > 6 else "")
-        table.add_row(pool["model"].removeprefix("NVIDIA "), str(pool["gpus"]), f"{pool['profile']}\n({sharing})",
-                      layout, names, str(pool["workload_replicas"]))
-    console.print(table)
+        rows.append({"GPU model": pool["model"].removeprefix("NVIDIA "), "GPUs": str(pool["gpus"]),
+                     "profile": f"{pool['profile']}\n({sharing})", "MIG layout per GPU": layout, "workloads": names,
+                     "replicas": str(pool["workload_replicas"])})
+    # Narrower than the table: a block per pool headed "GPUS x model".
+    print_records(console, title, ("GPU model", "GPUs", "profile", "MIG layout per GPU", "workloads", "replicas"),
+                  rows, heading=("GPU model", "GPUs"), head=lambda r: f"{r['GPUs']} x {r['GPU model']}",
+                  justify={"GPUs": "right", "replicas": "right"})
     util = plan.utilization()
     if plan.proven_optimal:
         status = "optimal (proven by the exact MIP)"
@@ -127,11 +131,12 @@ def _print_plan(plan: PackPlan, env_out: Path | None) -> None:
         console.print(f"changes: {c.gpus_reconfigured} GPUs reconfigured (proven lower bound {c.lower_bound}) on "
                       f"{len(c.nodes_drained)} hosts to drain: {', '.join(c.nodes_drained) or 'none'}; "
                       f"{c.gpus_added} GPUs added (proven lower bound {c.gpus_added_bound}), {c.gpus_freed} left "
-                      "idle", soft_wrap=True)
+                      "idle", markup=False)
+    # Wrapped at word boundaries to the terminal's width, as the table above.
     for note in plan.problem.notes:
-        console.print(f"note: {note}", soft_wrap=True)
+        console.print(f"note: {note}", markup=False)
     for warning in plan.problem.warnings:
-        console.print(f"[yellow]warning[/]: {warning}", soft_wrap=True)
+        console.print(f"[yellow]warning[/]: {escape(warning)}")
     if env_out is not None:
         what = "the reviewed patch" if plan.changes is not None else "pools and profiles"
         console.print(f"{what} written to {env_out}")

@@ -48,23 +48,25 @@ def preview_command(
 
         console = Console(highlight=False)
         assert result.plan is not None
-        console.print(resource_tree(result.plan))
+        console.print(resource_tree(result.plan, console.width))
         kinds = sorted({o.kind for o in result.objects})
         dra = sorted({o.kind for o in result.objects if str(o.body.get("apiVersion", "")).startswith(DRA_API_GROUP)})
         at_dra = f"; {', '.join(dra)} at {', '.join(versions_for(DRA_API_GROUP, KUBERNETES_VERSIONS))}" if dra else ""
+        # Footer lines wrap at word boundaries to the terminal's width (Rich's default), never run past it.
         console.print(f"{len(result.plan.resources)} resources; {len(result.objects)} Kubernetes objects "
                       f"({', '.join(kinds)}) validated against Kubernetes {', '.join(KUBERNETES_VERSIONS)}{at_dra} "
-                      "(strict) and the CRD schemas in gpushare/data", soft_wrap=True)
+                      "(strict) and the CRD schemas in gpushare/data", markup=False)
         if result.written and out is not None:
-            console.print(f"wrote {len(result.written)} files under {out}/manifests and {out}/helm-values")
+            console.print(f"wrote {len(result.written)} files under {out}/manifests and {out}/helm-values",
+                          markup=False)
         for w in result.warnings:
-            console.print(f"[yellow]warning[/]: {escape(w)}", soft_wrap=True)
+            console.print(f"[yellow]warning[/]: {escape(w)}")
         for e in result.errors:
-            console.print(f"[bold red]error[/]: {escape(e)}", soft_wrap=True)
+            console.print(f"[bold red]error[/]: {escape(e)}")
         if out is not None and not result.ok:
             console.print("nothing written: the preview has errors")
         for line in NOT_CHECKED:
-            console.print(f"[dim]{escape(line)}[/]", soft_wrap=True)
+            console.print(line, style="dim", markup=False)
     if not result.ok:
         raise typer.Exit(code=1)
 
@@ -104,31 +106,60 @@ def summary(r: PlannedResource) -> str:
     return ""
 
 
-def resource_tree(plan: Plan) -> Any:
-    from rich.markup import escape
+TREE_INDENT = 4  # columns Rich's Tree guides take per level ("├── ")
+
+
+def resource_tree(plan: Plan, width: int | None = None) -> Any:
+    """The resources under their parents. With `width`, what is too long for the room left at its depth is
+    shortened rather than cut mid-word by Rich: a name drops its parent's name (children are named `<parent>-...`),
+    shown as `…-rest` (and, if still too long, breaks after a hyphen), and a type its module (`kubernetes:…:Kind`).
+    `--json` has both whole."""
+    import textwrap
+
+    from rich.text import Text
     from rich.tree import Tree
 
-    tree = Tree(f"[bold]stack {plan.stack}[/] (offline preview)")
+    tree = Tree(Text.assemble(("stack " + plan.stack, "bold"), " (offline preview)"))
     nodes: dict[str | None, Any] = {None: tree}
     children: dict[str | None, list[PlannedResource]] = defaultdict(list)
-    urns = {r.urn for r in plan.resources}
+    by_urn = {r.urn: r for r in plan.resources}
     for r in plan.resources:
-        children[r.parent if r.parent in urns else None].append(r)
+        children[r.parent if r.parent in by_urn else None].append(r)
 
-    def add(parent: str | None) -> None:
+    def fitted(r: PlannedResource, depth: int) -> tuple[str, str]:
+        """(type, name), each shortened only where it would not fit on a line of its own at this depth."""
+        room = None if width is None else width - TREE_INDENT * depth
+        type_, name = r.type, r.name
+        if room is None:
+            return type_, name
+        parts = type_.split(":")
+        if len(type_) > room and len(parts) == 3:  # provider:module:Kind, e.g. kubernetes:apps/v1:Deployment
+            type_ = f"{parts[0]}:…:{parts[2]}"
+        parent = by_urn.get(r.parent or "")
+        if len(name) > room and parent is not None and name.startswith(parent.name + "-"):
+            name = "…" + name[len(parent.name):]
+        if len(name) > room:  # still too long: break after a hyphen, as hyphenated names are broken by hand
+            name = "\n".join(textwrap.wrap(name, room, break_on_hyphens=True))
+        return type_, name
+
+    def add(parent: str | None, depth: int) -> None:
         by_type: dict[str, int] = defaultdict(int)
         for r in children.get(parent, []):
             by_type[r.type] += 1
             if by_type[r.type] > MAX_SIBLINGS:
                 continue
-            flags = " [magenta](protected)[/]" if r.protect else ""
+            type_, name = fitted(r, depth)
+            label = Text.assemble((type_, "cyan"), " ", (name, "bold"))
+            if r.protect:
+                label.append(" (protected)", "magenta")
             text = summary(r)
-            label = f"[cyan]{escape(r.type)}[/] [bold]{escape(r.name)}[/]{flags}"
-            nodes[r.urn] = nodes[parent].add(label + (f"  [dim]{escape(text)}[/]" if text else ""))
-            add(r.urn)
+            if text:
+                label.append("  " + text, "dim")
+            nodes[r.urn] = nodes[parent].add(label)
+            add(r.urn, depth + 1)
         for type_, count in by_type.items():
             if count > MAX_SIBLINGS:
-                nodes[parent].add(f"[dim]... and {count - MAX_SIBLINGS} more {escape(type_)}[/]")
+                nodes[parent].add(Text(f"... and {count - MAX_SIBLINGS} more {type_}", "dim"))
 
-    add(None)
+    add(None, 1)
     return tree

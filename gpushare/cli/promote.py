@@ -116,34 +116,33 @@ def _print(summary: dict[str, Any], gates: list[Any], errors: list[Problem], whe
            patch_path: Path) -> None:
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
+    from rich.text import Text
+
+    from gpushare.cli.common import print_records
 
     out = Console(highlight=False)
     source, target = summary["from"], summary["to"]
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(when))
-    table = Table(title=f"gpushare promote: {source} -> {target}, as of {stamp}", show_lines=True)
-    for col in ("gate", "item", "measured", "required", "result"):
-        table.add_column(col, overflow="fold")
-    for g in gates:
-        result = "[green]pass[/]" if g.passed and g.applies else "[dim]n/a[/]" if g.passed else "[red]FAIL[/]"
-        table.add_row(g.gate, escape(g.item), escape(g.measured), escape(g.required), result)
-    out.print(table)
+    rows = [{"gate": g.gate, "item": g.item, "measured": g.measured, "required": g.required,
+             "result": Text("pass", "green") if g.passed and g.applies else Text("n/a", "dim") if g.passed
+             else Text("FAIL", "red")} for g in gates]
+    # Narrower than the table: a block per gate headed "RESULT gate".
+    print_records(out, f"gpushare promote: {source} -> {target}, as of {stamp}",
+                  ("gate", "item", "measured", "required", "result"), rows, heading=("result", "gate"))
     failing = [g for g in gates if not g.passed]
     for g in failing:
         if errors and g.measured == "no evidence":
             continue  # said once below: no --prometheus
-        out.print(f"[red]FAIL[/] {escape(g.gate)}: {escape(g.item.splitlines()[0])}: {escape(g.detail)}",
-                  soft_wrap=True)
+        out.print(f"[red]FAIL[/] {escape(g.gate)}: {escape(g.item.splitlines()[0])}: {escape(g.detail)}")
     for g in gates:
         if g.passed and not g.applies:
-            out.print(f"[dim]n/a[/] {escape(g.gate)}: {escape(g.item.splitlines()[0])}: {escape(g.detail)}",
-                      soft_wrap=True)
+            out.print(f"[dim]n/a[/] {escape(g.gate)}: {escape(g.item.splitlines()[0])}: {escape(g.detail)}")
     for p in errors:
-        out.print(f"[bold red]{escape(p.message)}[/]", soft_wrap=True)
+        out.print(f"[bold red]{escape(p.message)}[/]")
         if p.fix:
-            out.print(f"  [green]fix[/]: {escape(p.fix)}", soft_wrap=True)
+            out.print(f"  [green]fix[/]: {escape(p.fix)}")
     for c in summary["changes"]:
-        out.print(f"change from {source}: {c['path']}: {c['from']} -> {c['to']}", soft_wrap=True)
+        out.print(f"change from {source}: {c['path']}: {c['from']} -> {c['to']}")
     if failing:
         why = "no --prometheus, so no evidence" if errors else f"{len(failing)} gate(s) failed"
         out.print(f"not promoted: {why}; nothing was written")

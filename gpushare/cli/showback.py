@@ -69,26 +69,25 @@ def _chart(report: ShowbackReport, path: Path) -> None:
 
 def _table(rows: list[Row], report: ShowbackReport, by: str) -> None:
     from rich.console import Console
-    from rich.table import Table
+
+    from gpushare.cli.common import print_records
 
     money = report.currency or ""
-    table = Table(title=f"gpushare showback: {report.fleet.environment}, last {report.window}, by {by}")
-    for col in ("tenant", "pool", "model", "sharing", "GPU-hours", "memory GPU-hours", "used", f"cost {money}"):
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        table.add_row(row.tenant, row.pool, row.model, row.sharing, f"{row.allocated_gpu_hours:.1f}",
-                      f"{row.memory_gpu_hours:.1f}",
-                      "allocation only" if row.used_gpu_hours is None else f"{row.used_gpu_hours:.1f}",
-                      "-" if row.cost is None else f"{row.cost:.2f}")
-    for idle in report.idle:
-        table.add_row("(idle)", idle.pool, idle.model, "", f"{idle.gpu_hours:.1f}", "", "",
-                      "-" if idle.cost is None else f"{idle.cost:.2f}")
+    columns = ("tenant", "pool", "model", "sharing", "GPU-hours", "memory GPU-hours", "used", f"cost {money}".strip())
+    cells = [[row.tenant, row.pool, row.model, row.sharing, f"{row.allocated_gpu_hours:.1f}",
+              f"{row.memory_gpu_hours:.1f}",
+              "allocation only" if row.used_gpu_hours is None else f"{row.used_gpu_hours:.1f}",
+              "-" if row.cost is None else f"{row.cost:.2f}"] for row in rows]
+    cells += [["(idle)", idle.pool, idle.model, "", f"{idle.gpu_hours:.1f}", "", "",
+               "-" if idle.cost is None else f"{idle.cost:.2f}"] for idle in report.idle]
     out = Console(highlight=False)
-    out.print(table)
+    # Narrower than the table: a block per row headed "tenant  pool".
+    print_records(out, f"gpushare showback: {report.fleet.environment}, last {report.window}, by {by}", columns,
+                  [dict(zip(columns, c, strict=True)) for c in cells], heading=("tenant", "pool"), show_lines=False)
     out.print(f"physical GPU-hours: {report.physical_gpu_hours:.1f} (coverage {report.coverage:.1%} of the "
               f"window; from {'recording rules' if report.source == 'recorded' else 'raw exporter series'})")
     for note in report.notes:
-        out.print(f"note: {note}")
+        out.print(f"note: {note}", markup=False)
 
 
 def showback_command(

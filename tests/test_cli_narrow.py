@@ -1,0 +1,137 @@
+"""Every table-printing command at 80 columns: nothing runs past the width, no rule id, gate, name or label key is
+cut mid-word or swallowed as Rich markup, and one finding stays a short block instead of a tall cell."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rich.cells import cell_len
+from typer.testing import CliRunner
+
+from gpushare.cli import app
+from gpushare.cli.adopt import print_drift
+from gpushare.cli.preview import MAX_SIBLINGS
+from gpushare.cli.showback import _table
+from gpushare.core.resolve import resolve_env
+from gpushare.ops.brownfield.drift import Drift, DriftReport
+from gpushare.ops.preview import run_preview
+from gpushare.ops.showback import Idle, Row, ShowbackReport
+from gpushare.policy.rules import RULES
+from tests.conftest import ROOT
+
+runner = CliRunner()
+NARROW = {"COLUMNS": "80"}
+
+
+def lines_of(text: str) -> list[str]:
+    return text.splitlines()
+
+
+def assert_fits(text: str, width: int = 80) -> None:
+    too_wide = [line for line in lines_of(text) if cell_len(line) > width]
+    assert not too_wide, too_wide
+
+
+def assert_whole(text: str, *words: str) -> None:
+    """Each word appears unbroken on one line (a token of its own, not folded across two lines)."""
+    tokens = {t for line in lines_of(text) for t in re.split(r"[\s│┃|]+", line)}
+    missing = [w for w in words if not any(w == t or w in t for t in tokens)]
+    assert not missing, missing
+
+
+def test_check_at_80_columns_keeps_rule_ids_whole_and_a_violation_short(dev_data: dict[str, Any],
+                                                                          tmp_path: Path) -> None:
+    dev_data["defaults"]["toolkit_version"] = "1.17.4"
+    path = tmp_path / "dev.yaml"
+    path.write_text(yaml.safe_dump(dev_data))
+    result = runner.invoke(app, ["check", "--env", str(path), "--no-plan"], env=NARROW)
+    assert result.exit_code == 1, result.output
+    assert_fits(result.stdout)
+    assert_whole(result.stdout, *RULES)
+    lines = lines_of(result.stdout)
+    start = next(i for i, line in enumerate(lines) if "toolkit-cve-floor" in line)
+    block = lines[start:lines.index("", start)]
+    assert "FAIL" in block[0] and len(block) <= 10, block
+    assert any("CVE-2025-23266" in line for line in block)
+    # Where the whole report fits unwrapped, it is one table.
+    wide = runner.invoke(app, ["check", "--env", "dev", "--no-plan"], env={"COLUMNS": "250"})
+    assert wide.exit_code == 0 and "┃ rule" in wide.stdout and "untrusted-tenants-hardware-isolated" in wide.stdout
+
+
+def test_promote_at_80_columns(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["promote", "--from", "pilot", "--to", "prod", "--no-plan", "--patch",
+                                 str(tmp_path / "p.patch")], env=NARROW)
+    assert result.exit_code == 1, result.output
+    assert_fits(result.stdout)
+    assert_whole(result.stdout, "mig-reconfiguration", "utilization-uplift", "queue-wait-p95", "--prometheus")
+    assert "not promoted: no --prometheus" in result.stdout
+
+
+def test_pack_at_80_columns() -> None:
+    result = runner.invoke(app, ["pack", "--demand", str(ROOT / "examples" / "demand" / "inference.yaml")],
+                           env=NARROW)
+    assert result.exit_code == 0, result.output
+    assert_fits(result.stdout)
+    assert_whole(result.stdout, "nightly-embeddings", "search-embedder", "(time-slicing", "x8)")
+    assert "x H100 80GB HBM3" in result.stdout
+
+
+def _showback_report() -> ShowbackReport:
+    fleet = resolve_env("dev")
+    rows = [Row("research-training-group", "h100-training", "NVIDIA H100 80GB HBM3", "exclusive", 120.0, None,
+                360.0, 120.0),
+            Row("partner-evaluation", "a100-inference", "NVIDIA A100-SXM4-80GB", "mig", 12.5, 3.25, 25.0, 14.0)]
+    return ShowbackReport(fleet, "30d", 0.0, "raw", 200.0, 240.0, rows,
+                          [Idle("l4-notebooks", "NVIDIA L4", 67.5, 40.5)], "EUR", ["a note on coverage"])
+
+
+def test_showback_at_80_columns(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    report = _showback_report()
+    _table(report.rows, report, "tenant")
+    out = capsys.readouterr().out
+    assert_fits(out)
+    assert_whole(out, "research-training-group", "partner-evaluation", "A100-SXM4-80GB", "(idle)")
+    assert "allocation only" in out  # a phrase kept on one line beside its key
+
+
+@pytest.mark.parametrize("columns", ["80", "250"])
+def test_drift_keeps_label_keys_in_brackets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                            columns: str) -> None:
+    monkeypatch.setenv("COLUMNS", columns)
+    report = DriftReport("brown", drift=[
+        Drift("l4-01", "label", "labels[gpushare.io/pool]", "l4-inference", "(missing)"),
+        Drift("a100-02", "mig-state", "labels[nvidia.com/mig.config.state]", "success", "[bold]failed")])
+    print_drift(report)
+    out = capsys.readouterr().out
+    assert_fits(out, int(columns))
+    for text in ("labels[gpushare.io/pool]", "labels[nvidia.com/mig.config.state]", "[bold]failed"):
+        assert text in out, text
+    assert "2 drift items" in out
+
+
+def test_preview_at_80_columns_wraps_at_words_and_shortens_long_names() -> None:
+    result = runner.invoke(app, ["preview", "--env", "dev"], env=NARROW)
+    assert result.exit_code == 0, result.output
+    assert_fits(result.stdout)
+    out = result.stdout
+    # A name too long even without its parent's name breaks after a hyphen: join such lines back.
+    lines = [re.sub(r"^[│├└─ ]+", "", line) for line in lines_of(out)]
+    joined = re.sub(r"-\n", "-", "\n".join(lines))
+    tokens = {t for line in joined.splitlines() for t in line.split()}
+    listed: dict[tuple[str | None, str], int] = {}
+    plan = run_preview("dev").plan
+    assert plan is not None
+    for resource in plan.resources:
+        key = (resource.parent, resource.type)
+        listed[key] = listed.get(key, 0) + 1
+        if listed[key] > MAX_SIBLINGS:
+            continue  # counted, not listed
+        name = resource.name
+        # Whole, or with its parent's name dropped (`…-rest`): never folded across two lines.
+        assert name in tokens or any(t.startswith("…-") and name.endswith(t[1:]) for t in tokens), name
+    assert "Helm chart rendering" in " ".join(out.split())
