@@ -327,3 +327,107 @@ def test_the_program_refuses_a_stack_environment_that_climbs_out(workspace: Path
     config = yaml.safe_load((workspace / "Pulumi.dev.yaml").read_text())["config"]
     with pytest.raises(GpushareError, match="outside the workspace"):
         collect_plan("dev", {**config, "gpushare:environment": "../elsewhere/dev.yaml"})
+
+
+# ---------------------------------------------------------------- lifting a rule from non_waivable and waiving it
+
+
+def git(root: Path, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.net", *args],
+                          check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repository(workspace: Path) -> Path:
+    """The workspace as a Git repository with one commit: the base branch a change is judged against."""
+    git(workspace, "init", "-q", "-b", "main")
+    git(workspace, "add", "-A")
+    git(workspace, "commit", "-q", "-m", "base")
+    return workspace
+
+
+WAIVER = {"rule": "toolkit-cve-floor", "environment": "prod", "where": "defaults.toolkit_version",
+          "reason": "the vendor image is rebuilt next week", "expires": "2026-01-20"}
+
+
+def lift(root: Path, rule: str = "toolkit-cve-floor") -> None:
+    path = root / "policies" / "guardrails.yaml"
+    text = path.read_text()
+    old = "non_waivable: [untrusted-tenants-hardware-isolated, toolkit-cve-floor]"
+    assert old in text
+    kept = [r for r in ("untrusted-tenants-hardware-isolated", "toolkit-cve-floor") if r != rule]
+    path.write_text(text.replace(old, f"non_waivable: [{', '.join(kept)}]"))
+
+
+def check(root: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpushare.cli import app
+
+    waivers = root / "policies" / "waivers.yaml"
+    waivers.write_text(yaml.safe_dump({"waivers": [WAIVER]}))
+    result = CliRunner().invoke(app, ["check", "--env", "prod", "--no-plan", "--json", "--today", "2026-01-01",
+                                      "--waivers", str(waivers), *args], env={"GPUSHARE_ROOT": str(root)})
+    return result.exit_code, json.loads(result.stdout)
+
+
+def refusals(report: dict[str, Any]) -> list[dict[str, str]]:
+    return [v for v in report.get("violations", []) if v["rule"] == "waiver-refused"]
+
+
+def test_a_change_that_lifts_a_rule_from_non_waivable_and_waives_it_is_refused(repository: Path) -> None:
+    lift(repository)
+    code, report = check(repository, "--base", "main")
+    (refused,) = refusals(report)
+    assert code == 1 and "non-waivable in prod at main" in refused["message"]
+    assert "lifts it from non_waivable and waives it at once" in refused["message"] and "merged" in refused["fix"]
+
+
+def test_the_waiver_may_follow_once_the_lift_has_merged(repository: Path) -> None:
+    lift(repository)
+    (repository / "policies" / "waivers.yaml").unlink(missing_ok=True)
+    git(repository, "commit", "-q", "-am", "lift toolkit-cve-floor in prod, reviewed on its own")
+    # The neighbour: the waiver, in a change of its own after the lift merged, is judged by today's list.
+    code, report = check(repository, "--base", "main")
+    assert refusals(report) == [], report
+
+
+def test_a_waiver_of_a_rule_non_waivable_now_is_refused_with_or_without_a_base(repository: Path) -> None:
+    for args in ((), ("--base", "main")):
+        _, report = check(repository, *args)
+        (refused,) = refusals(report)
+        assert "cannot be waived in prod" in refused["message"]
+
+
+def test_other_lifts_do_not_refuse_this_waiver(repository: Path) -> None:
+    # Lifting another rule says nothing about toolkit-cve-floor: still refused only as non-waivable now.
+    lift(repository, "untrusted-tenants-hardware-isolated")
+    _, report = check(repository, "--base", "main")
+    (refused,) = refusals(report)
+    assert "cannot be waived in prod (" in refused["message"]
+
+
+@pytest.mark.parametrize(("base", "text"), [("no-such-branch", "names no commit"), ("--all", "not a Git revision")])
+def test_a_base_that_is_no_commit_is_a_clear_error(repository: Path, base: str, text: str) -> None:
+    code, report = check(repository, "--base", base)
+    assert code == 2 and text in report["errors"][0] and report["problems"][0]["fix"]
+
+
+def test_the_base_guardrails_are_read_through_links_in_the_tree(repository: Path) -> None:
+    # As in this checkout, where policies/guardrails.yaml links into the package.
+    import shutil
+
+    from gpushare.core.guardrails import non_waivable_at
+
+    policies = repository / "policies"
+    shutil.move(policies / "guardrails.yaml", repository / "shared-guardrails.yaml")
+    link(policies / "guardrails.yaml", Path("..") / "shared-guardrails.yaml")
+    git(repository, "add", "-A")
+    git(repository, "commit", "-q", "-m", "link")
+    assert non_waivable_at("main", "prod", policies / "guardrails.yaml") == (
+        "untrusted-tenants-hardware-isolated", "toolkit-cve-floor")
+    assert non_waivable_at("main", "dev", policies / "guardrails.yaml") == ()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import posixpath
+import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -297,3 +300,71 @@ def load_guardrails(path: Path | None = None) -> Guardrails:
     path = path or guardrails_path()
     check_inside_workspace(path, "guardrails file")  # before resolve(): the cache is keyed by the real path
     return _load(path.resolve())
+
+
+# ---------------------------------------------------------------- the base of a change
+
+_MAX_LINKS = 8  # symbolic links followed inside the Git tree (this checkout links guardrails.yaml into the package)
+
+
+def _git(top: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(["git", "-C", str(top), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise GpushareError(Problem(f"--base needs Git, which cannot run here: {exc}", path="--base",
+                                    fix="install git, or leave --base out"), exit_code=2) from None
+
+
+def _base_problem(message: str, fix: str) -> GpushareError:
+    return GpushareError(Problem(message, path="--base", fix=fix), exit_code=2)
+
+
+def guardrails_text_at(ref: str, path: Path | None = None) -> tuple[str, str] | None:
+    """(where, text) of policies/guardrails.yaml as Git has it at revision `ref`, symbolic links inside the tree
+    followed; None where the file did not exist there."""
+    path = path or guardrails_path()
+    if not ref or ref.startswith("-"):
+        raise _base_problem(f"--base {ref[:60]!r} is not a Git revision", "give the branch the change merges into, "
+                            "e.g. --base origin/main")
+    folder = path.absolute().parent
+    found = _git(folder, "rev-parse", "--show-toplevel")
+    if found.returncode != 0:
+        raise _base_problem(f"{folder} is not in a Git work tree, so there is no base to compare with",
+                            "run check in the workspace's Git checkout, or leave --base out")
+    top = Path(found.stdout.strip())
+    if _git(top, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
+        raise _base_problem(f"--base {ref[:60]!r} names no commit of {top}",
+                            "fetch the base branch first (git fetch origin main) and name it, e.g. --base origin/main")
+    try:
+        rel = Path(os.path.normpath(path.absolute())).relative_to(top.resolve()).as_posix()
+    except ValueError:
+        raise _base_problem(f"{path} is not inside the Git work tree {top}", "keep policies/ in the repository"
+                            ) from None
+    for _ in range(_MAX_LINKS):
+        entry = _git(top, "ls-tree", "-z", ref, "--", rel).stdout.split("\0")[0]
+        if not entry:
+            return None
+        mode, _, _ = entry.partition(" ")
+        blob = _git(top, "cat-file", "blob", f"{ref}:{rel}").stdout
+        if mode != "120000":
+            return f"{ref}:{rel}", blob
+        rel = posixpath.normpath(posixpath.join(posixpath.dirname(rel), blob))
+        if rel.startswith("../") or posixpath.isabs(rel):
+            raise _base_problem(f"{path} at {ref} is a link out of the repository", "keep policies/ in the repository")
+    raise _base_problem(f"{path} at {ref} is a chain of more than {_MAX_LINKS} links", "link it directly")
+
+
+def non_waivable_at(ref: str, environment: str, path: Path | None = None) -> tuple[str, ...]:
+    """The rules policies/guardrails.yaml made non-waivable in `environment` at revision `ref` (the base branch of a
+    change). Read leniently: the base passed its own review, and only this one list is needed from it."""
+    found = guardrails_text_at(ref, path)
+    if found is None:
+        return ()
+    where, text = found
+    from gpushare.core.files import parse_yaml
+
+    data = parse_yaml(text, where)
+    envs = data.get("environments") if isinstance(data, dict) else None
+    limits = envs.get(environment) if isinstance(envs, dict) else None
+    rules = limits.get("non_waivable") if isinstance(limits, dict) else None
+    return tuple(r for r in rules if isinstance(r, str)) if isinstance(rules, list) else ()

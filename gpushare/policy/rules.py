@@ -22,7 +22,14 @@ import yaml
 from pydantic import Field, field_validator
 
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.guardrails import EnvironmentGuardrails, Guardrails, StartsWith, guardrails_path, load_guardrails
+from gpushare.core.guardrails import (
+    EnvironmentGuardrails,
+    Guardrails,
+    StartsWith,
+    guardrails_path,
+    load_guardrails,
+    non_waivable_at,
+)
 from gpushare.core.paths import environment_path, project_root
 from gpushare.core.resolve import (
     ResolvedFleet,
@@ -71,6 +78,10 @@ class Context:
     # The environment file that stack deploys, where `gpushare check` judges the environment a stack names: it must
     # be the file judged, or CI passes one file and `pulumi up` applies another.
     deployed: Path | None = None
+    # The base of the change under review (`check --base REF`) and the rules non-waivable there: a rule lifted from
+    # non_waivable stays unwaivable until that lift has merged on its own.
+    base: str | None = None
+    base_non_waivable: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -856,9 +867,10 @@ def load_waivers(path: Path | None = None, guardrails: Guardrails | None = None)
 WAIVER_RULES: dict[str, tuple[str, str]] = {
     "waiver-expired": ("A waiver in policies/waivers.yaml has expired.",
                        "fix what it waived, or renew it with a new reason and expiry after review"),
-    "waiver-refused": ("A waiver in policies/waivers.yaml cannot be accepted: it covers a non-waivable rule, matches "
-                       "more than max_waiver_matches objects (or everything), or expires more than max_waiver_days "
-                       "ahead.", "narrow the waiver to one object and a nearer expiry, or fix what it waives"),
+    "waiver-refused": ("A waiver in policies/waivers.yaml cannot be accepted: it covers a non-waivable rule (now, or "
+                       "at the base of the change under review), matches more than max_waiver_matches objects (or "
+                       "everything), or expires more than max_waiver_days ahead.",
+                       "narrow the waiver to one object and a nearer expiry, or fix what it waives"),
 }
 
 
@@ -891,6 +903,11 @@ def waiver_refusal(ctx: Context, waiver: Waiver, today: date, targets: set[str])
     if waiver.rule in ctx.limits.non_waivable:
         return (f"{waiver.rule} cannot be waived in {ctx.name} (policies/guardrails.yaml "
                 f"environments.{ctx.name}.non_waivable)", f"fix what {waiver.rule} reports and remove the waiver")
+    if waiver.rule in ctx.base_non_waivable:
+        return (f"{waiver.rule} is non-waivable in {ctx.name} at {ctx.base} (policies/guardrails.yaml "
+                f"environments.{ctx.name}.non_waivable): this change lifts it from non_waivable and waives it at once",
+                "propose the change to non_waivable on its own; once it has merged, the waiver can follow in a "
+                "review of its own")
     latest = today + timedelta(days=g.max_waiver_days)
     if waiver.expires > latest:
         return (f"the waiver of {waiver.rule} expires on {waiver.expires.isoformat()}, more than "
@@ -992,8 +1009,10 @@ def stack_settings(env: str) -> dict[str, Any] | None:
     return None if notes else config
 
 
-def context_for(env: str, plan: list[PlanResource] | None = None, guardrails: Guardrails | None = None) -> Context:
-    """The rules' input for `--env ENV`: the environment is the one ENV names (its file name), whatever it says."""
+def context_for(env: str, plan: list[PlanResource] | None = None, guardrails: Guardrails | None = None,
+                base: str | None = None) -> Context:
+    """The rules' input for `--env ENV`: the environment is the one ENV names (its file name), whatever it says.
+    `base`: the Git revision the change under review merges into; the rules non-waivable there stay so."""
     path = environment_path(env)
     fleet = resolve(path)
     named = environment_stem(path)
@@ -1005,5 +1024,6 @@ def context_for(env: str, plan: list[PlanResource] | None = None, guardrails: Gu
 
     deployed = environment_file(config[ENVIRONMENT_KEY]) if config and config.get(ENVIRONMENT_KEY) else None
     return Context(fleet=fleet, guardrails=g, plan=plan, promotion_source=source, environment=named,
-                   stack_config=config, deployed=deployed)
+                   stack_config=config, deployed=deployed, base=base,
+                   base_non_waivable=non_waivable_at(base, named) if base else ())
 
