@@ -98,6 +98,24 @@ def test_out_writes_every_object_and_each_releases_values(tmp_path: Path) -> Non
     assert (out / "fleet.json").exists() and (out / "manifests").is_dir()
 
 
+def test_render_into_a_preview_directory_keeps_the_preview(tmp_path: Path) -> None:
+    """The README renders and previews into build/<env>: render replaces its own files, not the preview's."""
+    out = tmp_path / "build" / "dev"
+    assert run_preview("dev", out).ok
+    before = {p.relative_to(out): p.read_bytes() for part in ("manifests", "helm-values")
+              for p in (out / part).rglob("*") if p.is_file()}
+    assert before and (out / ".gpushare-preview").is_file()
+    assert runner.invoke(app, ["render", "--env", "dev", "--out", str(out)]).exit_code == 0
+    stale = out / "mig-parted" / "from-an-older-render.yaml"
+    stale.write_text("old")
+    result = runner.invoke(app, ["render", "--env", "dev", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert {p: after.get(p) for p in before} == before  # every manifest and values file, unchanged
+    assert (out / ".gpushare-preview").is_file() and run_preview("dev", out).ok  # and preview may write again
+    assert (out / "fleet.json").is_file() and not stale.exists()  # render's own part is replaced as a whole
+
+
 def test_preview_refuses_a_directory_it_did_not_write(tmp_path: Path) -> None:
     (tmp_path / "mine.txt").write_text("keep me")
     result = preview("--env", "dev", "--out", str(tmp_path))

@@ -27,6 +27,7 @@ from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import package_data_path, project_root
 from gpushare.core.stacks import stack_config
 from gpushare.policy.rules import PlanResource
+from gpushare.render.fleet import PREVIEW_MARKER
 
 # Kubernetes minors every built-in object must validate against (kubernetes-validate bundles 1.25 to 1.37).
 KUBERNETES_VERSIONS = ("1.31", "1.33")
@@ -34,7 +35,7 @@ KUBERNETES_VERSIONS = ("1.31", "1.33")
 DRA_API_GROUP = "resource.k8s.io/"
 DRA_KUBERNETES_VERSIONS = ("1.34", "1.37")
 DATA = package_data_path()
-MARKER = ".gpushare-preview"
+MARKER = PREVIEW_MARKER  # beside `gpushare render` output, which keeps what this marks
 NOT_CHECKED = (
     "This is an offline preview: the Pulumi program ran under the Pulumi SDK's mock engine, which echoes inputs as "
     "outputs; no cluster, cloud API or chart repository was contacted.",

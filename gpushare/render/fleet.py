@@ -4,6 +4,8 @@ and parse them back."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +21,10 @@ from gpushare.core.spec import version_tuple
 from gpushare.render.templating import environment
 
 MARKER = ".gpushare-render"
+# What `gpushare preview --out DIR` writes (gpushare/ops/preview.py): a render into the same DIR (the README uses
+# build/<env> for both) keeps these, so neither command deletes the other's output.
+PREVIEW_MARKER = ".gpushare-preview"
+PREVIEW_PARTS = ("manifests", "helm-values", PREVIEW_MARKER)
 
 
 # ---------------------------------------------------------------- settings (data; templates stay thin)
@@ -118,7 +124,8 @@ def render_fleet(fleet: ResolvedFleet) -> Rendered:
 
 def write_rendered(rendered: Rendered, out: Path) -> list[Path]:
     """Write everything or nothing: the files go into a directory beside `out` that then takes its place in one
-    step, so `out` holds the whole old or the whole new output at every instant."""
+    step, so `out` holds the whole old or the whole new output at every instant. What `gpushare preview --out`
+    wrote there (PREVIEW_PARTS) is carried into the new directory, not deleted."""
     from gpushare.core.files import complete_swap, replace_dir
 
     complete_swap(out)
@@ -129,15 +136,30 @@ def write_rendered(rendered: Rendered, out: Path) -> list[Path]:
         raise GpushareError(Problem(f"{out} exists and was not written by `gpushare render`",
                                     fix="choose an empty or new directory"), exit_code=2)
 
+    kept = [out / name for name in PREVIEW_PARTS if (out / PREVIEW_MARKER).is_file() and (out / name).exists()]
+
     def fill(tmp: Path) -> None:
         for rel, text in rendered.files.items():
             target = tmp / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
-        (tmp / MARKER).write_text("written by gpushare render; the whole directory is replaced on each run\n")
+        (tmp / MARKER).write_text("written by gpushare render; the whole directory is replaced on each run, except "
+                                  "what `gpushare preview` wrote (manifests/, helm-values/)\n")
+        for part in kept:  # hard links: the preview's files come along without being copied
+            if part.is_dir():
+                shutil.copytree(part, tmp / part.name, symlinks=True, copy_function=_link)
+            else:
+                _link(part, tmp / part.name)
 
     replace_dir(fill, out)
     return [out / rel for rel in rendered.files]
+
+
+def _link(source: str | Path, target: str | Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem (DIR a mount point) or no hard links: copy instead
+        shutil.copy2(source, target)
 
 
 # ---------------------------------------------------------------- parsing back (round trip, verification)
