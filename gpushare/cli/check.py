@@ -49,26 +49,31 @@ def check_command(
         print(json.dumps(report.as_dict(), indent=2))
     else:
         from rich.console import Console
-        from rich.table import Table
+        from rich.text import Text
+
+        from gpushare.cli.common import print_records
 
         console = Console(highlight=False)
-        table = Table(title=f"gpushare check: {report.environment}", show_lines=True)
-        for col in ("rule", "status", "where", "how to fix"):
-            table.add_column(col, overflow="fold")
+        rows: list[dict[str, str | Text]] = []
         failed = {v.rule for v in report.violations}
         waived = {v.rule for v, _ in report.waived}
         for v in report.violations:
             colour = "red" if v.level == "mandatory" else "yellow"
-            table.add_row(v.rule, f"[{colour}]FAIL[/] ({v.level})", f"{v.where}\n{v.message}", v.fix)
+            rows.append({"rule": v.rule, "status": Text.assemble(("FAIL", colour), f" ({v.level})"),
+                         "where": v.where, "message": v.message, "how to fix": v.fix})
         for v, w in report.waived:
-            table.add_row(v.rule, "[cyan]waived[/]", f"{v.where}\n{v.message}",
-                          f"waiver until {w.expires.isoformat()}: {w.reason}")
+            rows.append({"rule": v.rule, "status": Text("waived", "cyan"), "where": v.where, "message": v.message,
+                         "how to fix": f"waiver until {w.expires.isoformat()}: {w.reason}"})
         for rule_id in report.skipped:
-            table.add_row(rule_id, "[dim]not run[/]", "needs the offline plan", "run without --no-plan")
+            rows.append({"rule": rule_id, "status": Text("not run", "dim"), "where": "needs the offline plan",
+                         "how to fix": "run without --no-plan"})
         for rule_id in RULES:
             if rule_id not in failed | waived and rule_id not in report.skipped:
-                table.add_row(rule_id, "[green]pass[/]", "", "")
-        console.print(table)
+                rows.append({"rule": rule_id, "status": Text("pass", "green")})
+        # Narrower than the table: a block per rule headed "STATUS rule-id", so ids are never split.
+        print_records(console, f"gpushare check: {report.environment}", ("rule", "status", "where", "message",
+                                                                         "how to fix"), rows,
+                      heading=("status", "rule"), no_wrap=("rule", "status"))
         mandatory = sum(v.level == "mandatory" for v in report.violations)
         console.print(f"{mandatory} mandatory and {len(report.violations) - mandatory} advisory violations, "
                       f"{len(report.waived)} waived")
