@@ -22,7 +22,7 @@ from gpushare.core.files import check_output_file
 from gpushare.core.guardrails import duration_seconds, load_guardrails
 from gpushare.core.prices import PriceTable, load_prices, prices_path
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve_env
-from gpushare.ops.capacity import Prometheus
+from gpushare.ops.capacity import Prometheus, diagnose_join
 from gpushare.render.monitoring import rules as r
 
 SOURCES = ("auto", "recorded", "raw")
@@ -238,6 +238,9 @@ def run_showback(env: str, prometheus: str, window: str = "30d", end: float | No
     x = _queries(fleet, source)
     physical = {labels.get("pool", ""): v for labels, v in _hours(prom, "physical GPUs", x["physical"], window,
                                                                      step, at)}
+    if not any(physical.get(p.name, 0.0) > 0 for p in fleet.pools):
+        # No GPU of any pool reported in the window: 0.0 GPU-hours would read as an idle fleet, not missing data.
+        raise GpushareError(diagnose_join(prom, fleet, window, at))
     allocated = _hours(prom, "allocation", x["allocated"], window, step, at)
     used = {(labels.get("namespace", ""), labels.get("pool", "")): v
             for labels, v in _hours(prom, "use", x["used"], window, step, at)}

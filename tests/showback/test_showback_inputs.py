@@ -3,8 +3,10 @@ for every sharing kind, the split and its invariant on inline sums, and bad opti
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -115,3 +117,46 @@ def test_bad_options_are_clear_errors(args: list[str], said: str) -> None:
 def test_unreachable_prometheus_is_a_clear_error() -> None:
     result = CliRunner().invoke(app, ["showback", "--env", "dev", "--prometheus", "http://127.0.0.1:9", "--json"])
     assert result.exit_code == 2 and "cannot reach Prometheus" in result.output
+
+
+class _Prometheus:
+    """A Prometheus that has `physical` GPUs per pool for the showback queries and no other series at all."""
+
+    physical: dict[str, float] = {}
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def query(self, name: str, expr: str, at: float) -> list[dict[str, Any]]:
+        if name != "physical GPUs":
+            return []
+        return [{"metric": {"pool": pool}, "value": [at, str(count)]} for pool, count in self.physical.items()]
+
+    def query_range(self, name: str, expr: str, start: float, end: float, step: int) -> list[dict[str, Any]]:
+        return []
+
+    def series(self, name: str, selector: str, start: float, end: float) -> list[dict[str, Any]]:
+        return []
+
+
+def _showback(monkeypatch: pytest.MonkeyPatch, physical: dict[str, float]) -> Any:
+    monkeypatch.setattr("gpushare.ops.showback.Prometheus", _Prometheus)
+    monkeypatch.setattr(_Prometheus, "physical", physical)
+    return CliRunner().invoke(app, ["showback", "--env", str(SHOWBACK_ENV), "--prometheus", "http://127.0.0.1:9",
+                                    "--window", "6h", "--end", "1767225600", "--json"])
+
+
+def test_no_dcgm_data_is_an_error_not_zero_gpu_hours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As `capacity` does: a window in which no pool's GPUs reported fails with why, not 0.0 GPU-hours."""
+    result = _showback(monkeypatch, {})
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is False and "has no DCGM utilization series" in doc["errors"][0]
+    assert "dcgm-exporter is scraped" in doc["problems"][0]["fix"]
+
+
+def test_one_pool_reporting_is_enough_for_a_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _showback(monkeypatch, {"whole-pool": 24.0})  # per-step counts: 2 GPUs x 12 steps of 5 minutes
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["physical_gpu_hours"] > 0 and any(i["pool"] == "whole-pool" for i in doc["idle"])
