@@ -68,15 +68,19 @@ def import_command(
             raise GpushareError(Problem(f"--out is not a gpushare workspace (no {WORKSPACE_MARKER})",
                                         file=str(workspace), fix=f"create one first: gpushare init {workspace}"),
                                 exit_code=2)
-        result = import_cluster(read_cluster(from_dir, kubeconfig, context), env, existing_profiles(workspace))
+        result = import_cluster(read_cluster(from_dir, kubeconfig, context), env, existing_profiles(workspace),
+                                context=context)
         _write_files(workspace, result)
-        configs, problems = _resolved_configs(workspace, result)
+        configs, problems, todo = _resolved_configs(workspace, result)
     except GpushareError as err:
         raise fail(err, as_json) from None
+    source = f"--from {from_dir}" if from_dir is not None else f"--kubeconfig {kubeconfig}" + (
+        f" --context {context}" if context else "")
     if as_json:
-        print(json.dumps({"ok": not problems, **result.as_dict(), "configs": configs, "errors": problems}, indent=2))
+        print(json.dumps({"ok": not problems, **result.as_dict(), "configs": configs, "next": todo,
+                          "errors": problems}, indent=2))
     else:
-        _print_import(workspace, result, configs, problems)
+        _print_import(workspace, result, configs, problems, todo, source)
     if problems:
         raise typer.Exit(code=1)
 
@@ -116,40 +120,48 @@ def _write_files(workspace: Path, result: ImportResult) -> None:
         write_file(workspace / rel, text)
 
 
-def _resolved_configs(out: Path, result: ImportResult) -> tuple[dict[str, str], list[str]]:
-    """Source config -> the content-named config gpushare renders for it; and the written environment's problems."""
+def _resolved_configs(out: Path, result: ImportResult) -> tuple[dict[str, list[str]], list[str], list[str]]:
+    """Source config -> the content-named configs gpushare renders for it (one per distinct node content); the
+    written environment's problems; what `gpushare check` will still ask for."""
     from gpushare.core.resolve import resolve
+    from gpushare.ops.brownfield.importer import still_needed
 
     try:
         fleet = resolve(out / "environments" / f"{result.environment}.yaml", out / "profiles")
     except GpushareError as err:
-        return {}, [str(p) for p in err.problems]
+        return {}, [str(p) for p in err.problems], []
     by_name = {n.name: n for n in fleet.nodes}
-    configs: dict[str, str] = {}
+    configs: dict[str, set[str]] = {}
     for node in result.nodes:
         git = by_name[node.name]
         if node.device_plugin_config and git.device_plugin_config:
-            configs[f"device-plugin.config={node.device_plugin_config}"] = git.device_plugin_config
+            configs.setdefault(f"device-plugin.config={node.device_plugin_config}", set()).add(
+                git.device_plugin_config)
         if node.mig_config and git.mig_config:
-            configs[f"mig.config={node.mig_config}"] = git.mig_config
-    return dict(sorted(configs.items())), []
+            configs.setdefault(f"mig.config={node.mig_config}", set()).add(git.mig_config)
+    return {k: sorted(v) for k, v in sorted(configs.items())}, [], still_needed(out, fleet)
 
 
-def _print_import(out: Path, result: ImportResult, configs: dict[str, str], problems: list[str]) -> None:
+def _print_import(out: Path, result: ImportResult, configs: dict[str, list[str]], problems: list[str],
+                  todo: list[str], source: str) -> None:
     print(f"imported environment {result.environment} into {out}: {len(result.files)} files, "
           f"{len(result.nodes)} nodes")
-    for source, profile in sorted(result.mapping.items()):
-        print(f"  config {source} -> profile {profile}")
-    for source, name in configs.items():
-        print(f"  {source} -> {name} (rendered name)")
+    for used, profiles in result.mapping.items():
+        print(f"  {used} -> profile {', '.join(profiles)}")
+    for used, names in configs.items():
+        print(f"  {used} -> {', '.join(names)} (rendered name)")
     if result.unsupported:
         print(f"not expressed ({len(result.unsupported)}; also in imports/{result.environment}-report.yaml):")
         for u in result.unsupported:
             print(f"  {u.object} {u.field}: {u.reason}")
     for p in problems:
         print(f"error: {p}")
-    print(f"next: cd {out} && gpushare validate --env {result.environment} && gpushare drift --env "
-          f"{result.environment} --from <dumps> (docs/adoption.md)")
+    env = result.environment
+    steps = [*todo, f"gpushare validate --env {env}", f"gpushare check --env {env}",
+             f"gpushare drift --env {env} {source}"]
+    print(f"next (in {out}; docs/adoption.md):")
+    for i, step in enumerate(steps, 1):
+        print(f"  {i}. {step}")
 
 
 def drift_command(

@@ -162,8 +162,19 @@ StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 def parse_yaml(text: str, file: str) -> Any:
     """One YAML document, or a located error."""
+    return _parsed(lambda: yaml.load(text, Loader=StrictLoader), file)  # noqa: S506 - a safe loader subclass
+
+
+def parse_yaml_documents(text: str, file: str) -> list[Any]:
+    """Every document of a YAML stream (`---` between them, as concatenated `kubectl get -o yaml` outputs), with
+    the same rules and errors as one document; empty documents are left out."""
+    documents = _parsed(lambda: list(yaml.load_all(text, Loader=StrictLoader)), file)  # noqa: S506 - as above
+    return [d for d in documents if d is not None]
+
+
+def _parsed(load: Callable[[], Any], file: str) -> Any:
     try:
-        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a safe loader subclass
+        return load()
     except DuplicateKey as dup:
         raise GpushareError(Problem(f"key {dup.key!r} appears twice; YAML would keep only the last", file=file,
                                     line=dup.line, fix="remove one of them")) from None
@@ -189,6 +200,11 @@ def load_yaml_file(path: Path, what: str = "file") -> tuple[str, Any]:
     """The text and the data of a YAML file; every failure is a located GpushareError."""
     text = read_text(path, what)
     return text, parse_yaml(text, str(path))
+
+
+def load_yaml_documents(path: Path, what: str = "file") -> list[Any]:
+    """Every document of a YAML file (see parse_yaml_documents); every failure is a located GpushareError."""
+    return parse_yaml_documents(read_text(path, what), str(path))
 
 
 # ---------------------------------------------------------------- checking output paths

@@ -1,4 +1,4 @@
-"""Brownfield fixtures: `kubectl get -o yaml` dumps of four clusters (clusters/<name>/), each imported into a fresh
+"""Brownfield fixtures: `kubectl get -o yaml` dumps of five clusters (clusters/<name>/), each imported into a fresh
 workspace made by `gpushare init`."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from gpushare.cli import app
 from gpushare.cli.init import write_workspace
 
 CLUSTERS = Path(__file__).parent / "clusters"
-FIXTURES = ("default-operator", "timeslicing-mig", "not-taken-effect", "quotas-kueue")
+FIXTURES = ("default-operator", "timeslicing-mig", "not-taken-effect", "quotas-kueue", "default-and-custom")
 ENV = "brown"
 
 runner = CliRunner()

@@ -32,6 +32,7 @@ PLANTED: dict[str, set[tuple[str, str, str]]] = {
         ("l4-12", "advertised", "status.allocatable"),
     },
     "quotas-kueue": set(),
+    "default-and-custom": set(),  # the import of it plans exactly what every node allocates
 }
 
 
@@ -133,3 +134,23 @@ def test_drift_needs_one_source_and_a_known_cluster(imported: Imported) -> None:
     assert code == 2 and "exactly one of --from and --kubeconfig" in out["errors"][0]
     code, out = cli("drift", "--env", ENV, "--from", str(CLUSTERS / "default-operator"), "--cluster", "other")
     assert code == 2 and "not one of the environment's clusters" in out["errors"][0]
+
+
+def test_drift_reads_the_configs_the_operator_mounts(imported: Imported) -> None:
+    imported("default-and-custom")
+    state = read_dumps(CLUSTERS / "default-and-custom")
+    state.objects = copy.deepcopy(state.objects)
+    spec = state.of("ClusterPolicy")[0]["spec"]
+    # mig-manager switched to NVIDIA's default ConfigMap: its all-balanced is another layout than Git's.
+    del spec["migManager"]["config"]["name"]
+    assert found(drift_of(state)) == {("a100-02", "mig-config", "labels[nvidia.com/mig.config]")}
+    # A default device-plugin config that time-slices 1g.10gb MIG devices is drift on the nodes that advertise them;
+    # one naming only nvidia.com/gpu (the fixture's) leaves them unshared, as Git says.
+    state = read_dumps(CLUSTERS / "default-and-custom")
+    state.objects = copy.deepcopy(state.objects)
+    configs = next(c for c in state.of("ConfigMap") if c["metadata"]["name"] == "device-plugin-configs")
+    configs["data"]["default"] = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                                  "      - {name: nvidia.com/gpu, replicas: 4}\n"
+                                  "      - {name: nvidia.com/mig-1g.10gb, replicas: 4}\n")
+    assert found(drift_of(state)) == {(n, "device-plugin", "labels[nvidia.com/device-plugin.config]")
+                                      for n in ("a100-01", "a100-02")}

@@ -16,22 +16,35 @@ from gpushare.render.fleet import parse_device_plugin, parse_mig_parted, render_
 from tests.brownfield.conftest import CLUSTERS, ENV, FIXTURES, cli
 
 Imported = Callable[[str], tuple[Path, dict[str, Any]]]
-# Nodes whose allocatable does not show what their labels ask for: planted drift, not a round-trip case.
+# Nodes whose allocatable does not show what their labels ask for: planted drift, not a round-trip case. The import
+# names each of them (status.allocatable), and no other node.
 NOT_SETTLED = {"timeslicing-mig": {"a100-02"}, "not-taken-effect": {"l4-12"}}
 
 
+def source_objects(name: str, kind: str) -> list[dict[str, Any]]:
+    """The fixture's objects of one kind, read independently of the importer (any file, List or single objects)."""
+    out: list[dict[str, Any]] = []
+    for path in sorted((CLUSTERS / name).glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            items = doc.get("items", []) if doc.get("kind") == "List" else [doc]
+            out += [i for i in items if i.get("kind") == kind]
+    return out
+
+
 def source_nodes(name: str) -> dict[str, dict[str, Any]]:
-    items = yaml.safe_load((CLUSTERS / name / "nodes.yaml").read_text())["items"]
-    return {n["metadata"]["name"]: n for n in items if "nvidia.com/gpu.count" in n["metadata"]["labels"]}
+    return {n["metadata"]["name"]: n for n in source_objects(name, "Node")
+            if "nvidia.com/gpu.count" in n["metadata"]["labels"]}
 
 
 def source_mig_configs(name: str) -> dict[str, dict[str, dict[str, int]]]:
-    """The source's mig-parted configs, read by gpushare's own mig-parted parser (not the importer's)."""
-    out: dict[str, dict[str, dict[str, int]]] = {}
-    for cm in yaml.safe_load((CLUSTERS / name / "configmaps.yaml").read_text())["items"]:
-        if "config.yaml" in cm.get("data", {}):
-            out.update(parse_mig_parted(cm["data"]["config.yaml"]))
-    return out
+    """The configs mig-manager reads: the ConfigMap spec.migManager.config.name names (NVIDIA's default one where
+    it is unset), parsed by gpushare's own mig-parted parser (not the importer's)."""
+    spec = source_objects(name, "ClusterPolicy")[0]["spec"]
+    wanted = (spec.get("migManager", {}).get("config") or {}).get("name") or "default-mig-parted-config"
+    for cm in source_objects(name, "ConfigMap"):
+        if cm["metadata"]["name"] == wanted:
+            return parse_mig_parted(cm["data"]["config.yaml"])
+    return {}
 
 
 @pytest.mark.parametrize("name", FIXTURES)
@@ -42,7 +55,7 @@ def test_import_round_trips_layouts_and_advertised_resources(imported: Imported,
     fleet = resolve_env(ENV)
     rendered = render_fleet(fleet)
     rendered_mig = parse_mig_parted(rendered.files["mig-parted/config.yaml"])
-    mig_sources = source_mig_configs(name) if (CLUSTERS / name / "configmaps.yaml").exists() else {}
+    mig_sources = source_mig_configs(name)
     sources = source_nodes(name)
     assert sorted(n.name for n in fleet.nodes) == sorted(sources)
     for node in fleet.nodes:
@@ -58,28 +71,40 @@ def test_import_round_trips_layouts_and_advertised_resources(imported: Imported,
             continue
         allocatable = {k: int(v) for k, v in src["status"]["allocatable"].items() if k.startswith("nvidia.com/")}
         assert node.advertised == allocatable, node.name
-    # The mapping names each source config's profile and the content-named config gpushare renders for it.
-    for source, rendered_name in out["configs"].items():
-        label, config = source.split("=", 1)
-        assert out["mapping"][config] in rendered_name
+    # Where a node allocates other than the plan, the import says so, naming the node.
+    told = {u["object"].removeprefix("Node/") for u in out["unsupported"] if u["field"] == "status.allocatable"}
+    assert told == NOT_SETTLED.get(name, set())
+    # Every config a node uses is in the mapping (all-disabled too), and each rendered config is named after the
+    # profile the mapping gives (all-disabled is rendered under its own name).
+    for node_name, src in sources.items():
+        mig = src["metadata"]["labels"].get("nvidia.com/mig.config")
+        if mig and src["metadata"]["labels"].get("nvidia.com/mig.capable") == "true":
+            assert f"mig.config={mig}" in out["mapping"], node_name
+    for source, rendered_names in out["configs"].items():
+        profiles = out["mapping"][source]
+        assert all(r == "all-disabled" or any(r.startswith(p) for p in profiles) for r in rendered_names), source
 
 
 def test_import_json_contract_and_report(imported: Imported) -> None:
     workspace, out = imported("timeslicing-mig")
-    assert set(out) == {"ok", "environment", "files", "mapping", "unsupported", "configs", "errors"}
+    assert set(out) == {"ok", "environment", "files", "mapping", "unsupported", "configs", "next", "errors"}
     assert out["ok"] is True and out["environment"] == ENV and out["errors"] == []
-    assert out["mapping"] == {"ts-4": "ts-4", "ts-2": "ts-2", "all-balanced": "all-balanced",
-                              "all-1g.10gb": "all-1g-10gb"}
+    assert out["mapping"] == {"device-plugin.config=ts-4": ["ts-4"], "device-plugin.config=ts-2": ["ts-2"],
+                              "mig.config=all-balanced": ["all-balanced"], "mig.config=all-1g.10gb": ["all-1g-10gb"]}
     assert sorted(out["files"]) == sorted([
         f"environments/{ENV}.yaml", f"Pulumi.{ENV}.yaml", f"imports/{ENV}-report.yaml", "profiles/all-1g-10gb.yaml",
         "profiles/all-balanced.yaml", "profiles/ts-2.yaml", "profiles/ts-4.yaml"])
     assert {(u["object"], u["field"]) for u in out["unsupported"]} == {
         ("Node/a100-02", "labels[nvidia.com/mig.config.state]"),
+        ("Node/a100-02", "status.allocatable"),  # mid-change: it still allocates its old layout
         ("Node/a100-03", "labels[nvidia.com/mig.config.state]"),
-        ("device-plugin ConfigMap", "ts-8"),
+        ("ConfigMap/time-slicing-config", "ts-8"),
+        # What the first rollout changes in the operator: Ansible takes these over; a deprecated field goes.
+        *(("ClusterPolicy/cluster-policy", f"spec.{f}") for f in (
+            "driver.enabled", "toolkit.enabled", "migManager.enabled", "operator.defaultRuntime")),
         *((f"Node/a100-0{i}", "nvswitch") for i in (1, 2, 3))}  # 8-GPU hosts: HGX or not, the cluster does not say
     text = (workspace / "environments" / f"{ENV}.yaml").read_text()
-    assert "#   device-plugin ConfigMap ts-8: config no node uses" in text  # in comments too
+    assert "#   ConfigMap/time-slicing-config ts-8: config no node uses" in text  # in comments too
     env = yaml.safe_load(text)
     pools = {p["name"]: p for p in env["pools"]}
     assert [h["name"] for h in pools["l4-ts-4"]["hosts"]] == ["l4-01", "l4-02"]
@@ -88,6 +113,10 @@ def test_import_json_contract_and_report(imported: Imported) -> None:
     profile = yaml.safe_load((workspace / "profiles" / "ts-4.yaml").read_text())
     assert profile["time_slicing"] == {"replicas": 4, "rename_by_default": True,
                                        "fail_requests_greater_than_one": True}
+    # What `gpushare check` will still ask for, which the dumps cannot say.
+    assert len(out["next"]) == 2
+    assert "kubeconfig_context on cluster 'brown'" in out["next"][0]
+    assert "limits for environment 'brown'" in out["next"][1] and "policies/guardrails.yaml" in out["next"][1]
 
 
 def test_import_tenants_from_quotas_and_kueue(imported: Imported) -> None:

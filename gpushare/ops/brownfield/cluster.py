@@ -13,7 +13,7 @@ import yaml
 
 from gpushare.core.catalog import GpuModel, load_catalog
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.files import load_yaml_file
+from gpushare.core.files import load_yaml_documents
 from gpushare.core.spec import NAME_PATTERN, is_system_namespace
 
 DEVICE_PLUGIN_LABEL = "nvidia.com/device-plugin.config"
@@ -23,6 +23,10 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
 DRIVER_LABEL = "nvidia.com/cuda.driver.major"
 MIG_DISABLED = "all-disabled"
+# The ConfigMap mig-manager reads where spec.migManager.config.name is unset, and the key it reads
+# (gpu-operator controllers/object_controls.go MigPartedDefaultConfigMapName, TransformMIGManager @ a22dbf6).
+MIG_PARTED_DEFAULT_CONFIGMAP = "default-mig-parted-config"
+MIG_PARTED_KEY = "config.yaml"
 # Kinds the importer reads; every other object in the dumps is listed as unsupported, not ignored.
 KINDS = ("ClusterPolicy", "NVIDIADriver", "ConfigMap", "Node", "ResourceQuota", "PriorityClass", "Namespace",
          "ResourceFlavor", "ClusterQueue", "LocalQueue", "Cohort")
@@ -48,12 +52,25 @@ class SharingConfig:
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
     per_resource: dict[str, int] = field(default_factory=dict)  # resource name -> replicas, as written
+    inexpressible: set[str] = field(default_factory=set)  # resources with a rename or a device list of their own
     mig_strategy: str | None = None
 
 
 @dataclass
+class ConfigSource:
+    """The ConfigMap the GPU Operator mounts for one operand, as the ClusterPolicy names it, and the configs the dump
+    holds in it. `problem` says why they cannot be read (not in the dump, no such key, not YAML)."""
+
+    configmap: str | None  # None: the operator mounts none (a device plugin without spec.devicePlugin.config.name)
+    named_by: str  # the ClusterPolicy field that names it
+    configs: dict[str, Any] = field(default_factory=dict)
+    problem: str | None = None
+
+
+@dataclass
 class ClusterState:
-    """The GPU-related objects of one cluster, grouped by kind, with where each came from."""
+    """The GPU-related objects of one cluster, grouped by kind, with where each came from. Everything below reads
+    only these objects, so a live read and a dump of the same cluster give the same answers."""
 
     source: str
     objects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -67,29 +84,119 @@ class ClusterState:
         policies = self.of("ClusterPolicy")
         return policies[0] if policies else {}
 
+    @property
+    def policy_spec(self) -> dict[str, Any]:
+        return dict(self.cluster_policy.get("spec") or {})
+
     def gpu_nodes(self) -> list[dict[str, Any]]:
         return [n for n in self.of("Node") if is_gpu_node(n)]
 
+    # -- the ConfigMaps the operator mounts: only their configs reach a node
+
+    def mig_source(self) -> ConfigSource:
+        """mig-manager's configs: the `config.yaml` key of the ConfigMap spec.migManager.config.name names, or of
+        NVIDIA's default ConfigMap where it is unset (as the operator mounts them)."""
+        name = _config_spec(self.policy_spec, "migManager").get("name") or MIG_PARTED_DEFAULT_CONFIGMAP
+        source, cm = self._source(name, "spec.migManager.config.name")
+        if cm is None:
+            return source
+        data = cm.get("data") or {}
+        if MIG_PARTED_KEY not in data:
+            source.problem = f"has no key {MIG_PARTED_KEY!r}, the one mig-manager reads"
+            return source
+        try:
+            value = yaml.safe_load(str(data[MIG_PARTED_KEY]))
+        except yaml.YAMLError:
+            source.problem = f"its {MIG_PARTED_KEY} is not YAML"
+            return source
+        configs = value.get("mig-configs") if isinstance(value, dict) else None
+        if not isinstance(configs, dict):
+            source.problem = f"its {MIG_PARTED_KEY} is not a mig-parted file (no mig-configs)"
+            return source
+        source.configs = dict(configs)
+        return source
+
+    def device_plugin_source(self) -> ConfigSource:
+        """The device plugin's configs: every key of the ConfigMap spec.devicePlugin.config.name names. Without that
+        name the operator mounts no config and the plugin runs unshared, whatever the nodes' labels say."""
+        name = _config_spec(self.policy_spec, "devicePlugin").get("name") or None
+        if name is None:
+            return ConfigSource(None, "spec.devicePlugin.config.name")
+        source, cm = self._source(name, "spec.devicePlugin.config.name")
+        for key, text in ((cm or {}).get("data") or {}).items():
+            try:
+                value = yaml.safe_load(str(text))
+            except yaml.YAMLError:
+                continue
+            if value is None or isinstance(value, dict):  # an empty file is a config too: no sharing
+                source.configs[str(key)] = value or {}
+        return source
+
+    def _source(self, name: str, where: str) -> tuple[ConfigSource, dict[str, Any] | None]:
+        source = ConfigSource(name, where)
+        found = [cm for cm in self.of("ConfigMap") if name_of(cm) == name]
+        namespace = str((self.cluster_policy.get("status") or {}).get("namespace") or "")
+        if namespace:  # the operator's namespace, as the operator itself reports it
+            found = [cm for cm in found if _namespace_of(cm) in (namespace, "")]
+        if len(found) > 1:
+            spaces = ", ".join(sorted({_namespace_of(cm) or "?" for cm in found}))
+            raise GpushareError(Problem(
+                f"ConfigMap {name!r} ({where}) is in several namespaces ({spaces}) and the ClusterPolicy's "
+                "status.namespace does not say which one is the operator's", file=self.source, path=where,
+                fix="dump ConfigMaps of the operator's namespace only: kubectl get configmaps -n NAMESPACE -o yaml"))
+        if not found:
+            source.problem = "is not in the dump"
+            return source, None
+        return source, found[0]
+
     def device_plugin_configs(self) -> dict[str, dict[str, Any]]:
-        """Every device-plugin config (a ConfigMap key whose YAML is a k8s-device-plugin config), by key."""
-        return {k: v for k, v in self._config_map_entries() if isinstance(v, dict) and "mig-configs" not in v
-                and v.get("version") == "v1" and ("sharing" in v or "flags" in v)}
+        return dict(self.device_plugin_source().configs)
 
     def mig_configs(self) -> dict[str, list[dict[str, Any]]]:
-        """Every mig-parted config by name, from each ConfigMap key whose YAML is a mig-parted file."""
-        out: dict[str, list[dict[str, Any]]] = {}
-        for _, value in self._config_map_entries():
-            if isinstance(value, dict) and isinstance(value.get("mig-configs"), dict):
-                out.update(value["mig-configs"])
+        return dict(self.mig_source().configs)
+
+    def device_plugin_config_for(self, node: dict[str, Any]) -> str | None:
+        """The config the device plugin's config-manager picks for this node: its label, else the ClusterPolicy's
+        default, else none (the operator sets FALLBACK_STRATEGIES=empty; gpu-operator TransformDevicePlugin @
+        a22dbf6). None also where the ClusterPolicy mounts no config. Without a ClusterPolicy (the rollout's gate
+        reads nodes only), the label."""
+        label = labels_of(node).get(DEVICE_PLUGIN_LABEL)
+        if not self.of("ClusterPolicy"):
+            return label
+        if self.device_plugin_source().configmap is None:
+            return None
+        return label or _config_spec(self.policy_spec, "devicePlugin").get("default") or None
+
+    def unread_config_maps(self) -> list[tuple[str, str]]:
+        """(ConfigMap, what it holds) for ConfigMaps with mig-parted or device-plugin configs the operator does not
+        mount: their configs reach no node, so the import does not read them."""
+        mounted = {self.mig_source().configmap, self.device_plugin_source().configmap}
+        out = []
+        for cm in self.of("ConfigMap"):
+            if name_of(cm) in mounted:
+                continue
+            values = [v for _, v in _entries(cm) if isinstance(v, dict)]
+            if any(isinstance(v.get("mig-configs"), dict) for v in values):
+                out.append((name_of(cm), "mig-parted configs"))
+            elif any(v.get("version") == "v1" and ("sharing" in v or "flags" in v) for v in values):
+                out.append((name_of(cm), "device-plugin configs"))
         return out
 
-    def _config_map_entries(self) -> Iterable[tuple[str, Any]]:
-        for cm in self.of("ConfigMap"):
-            for key, text in (cm.get("data") or {}).items():
-                try:
-                    yield key, yaml.safe_load(text)
-                except yaml.YAMLError:
-                    continue
+
+def _namespace_of(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("namespace") or "")
+
+
+def _config_spec(spec: dict[str, Any], operand: str) -> dict[str, Any]:
+    return dict((spec.get(operand) or {}).get("config") or {})
+
+
+def _entries(cm: dict[str, Any] | None) -> Iterable[tuple[str, Any]]:
+    for key, text in ((cm or {}).get("data") or {}).items():
+        try:
+            yield key, yaml.safe_load(str(text))
+        except yaml.YAMLError:
+            continue
 
 
 def labels_of(obj: dict[str, Any]) -> dict[str, str]:
@@ -109,7 +216,8 @@ def is_gpu_node(node: dict[str, Any]) -> bool:
 
 
 def read_dumps(directory: Path) -> ClusterState:
-    """Every `*.yaml` in DIR: a `kind: List` (as `kubectl get -o yaml` writes) or single objects."""
+    """Every `*.yaml` in DIR: documents that are each a `kind: List` (as `kubectl get -o yaml` writes) or one
+    object."""
     if not directory.is_dir():
         raise GpushareError(Problem("not a directory", file=str(directory), path="--from",
                                     fix="give a folder of `kubectl get ... -o yaml` dumps"), exit_code=2)
@@ -120,8 +228,9 @@ def read_dumps(directory: Path) -> ClusterState:
                                     fix="dump the objects with `kubectl get nodes -o yaml > nodes.yaml` (see "
                                         "docs/adoption.md)"), exit_code=2)
     for path in files:
-        _, data = load_yaml_file(path, "cluster dump")
-        add_objects(state, data, str(path))
+        # One file may hold several `kubectl get -o yaml` outputs, `---` between them.
+        for data in load_yaml_documents(path, "cluster dump"):
+            add_objects(state, data, str(path))
     return state
 
 
@@ -162,15 +271,14 @@ def sharing_config(name: str, data: dict[str, Any], unsupported: list[Unsupporte
         block = sharing.get(block_name)
         if not block:
             continue
-        resources = {str(r.get("name")): int(r.get("replicas", 1)) for r in block.get("resources") or []}
+        entries = block.get("resources") or []
+        resources = {str(r.get("name")): int(r.get("replicas", 1)) for r in entries}
         config.kind, config.per_resource = kind, resources
         config.replicas = max(resources.values(), default=1)
         config.rename_by_default = bool(block.get("renameByDefault", False))
         config.fail_requests_greater_than_one = bool(block.get("failRequestsGreaterThanOne", False))
-        if len(set(resources.values())) > 1:
-            unsupported.append(Unsupported(where, f"{name}.sharing.{block_name}.resources", "different replicas per "
-                                           f"resource ({resources}); gpushare gives one count, the import uses "
-                                           f"{config.replicas}"))
+        # A per-resource rename or device list shares differently than one count for the whole node can say.
+        config.inexpressible = {str(r.get("name")) for r in entries if set(r) - {"name", "replicas"}}
     return config
 
 

@@ -83,22 +83,34 @@ def counts_text(counts: dict[str, int]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(counts.items())) or "none"
 
 
-def sharing_of(content: dict[str, Any] | None) -> tuple[Any, ...]:
-    """What a device-plugin config changes about a GPU: the sharing mode, its replicas per resource and its
-    renaming; migStrategy and the device list strategy come from the operator's env vars, not from this file."""
+def node_resources(layout: dict[str, int] | None, mig_strategy: str) -> list[str]:
+    """The resources a node's GPUs advertise before sharing: MIG devices are nvidia.com/mig-<profile> only under the
+    mixed strategy."""
+    if layout and mig_strategy == "mixed":
+        return sorted(f"nvidia.com/mig-{p.replace('+', '.')}" for p in layout)
+    return ["nvidia.com/gpu"]
+
+
+def sharing_of(content: dict[str, Any] | None, resources: list[str]) -> tuple[Any, ...]:
+    """What a device-plugin config changes about a node's GPUs: the sharing mode, its replicas per resource and its
+    renaming, counting only the resources the node advertises (the plugin shares only those it is told to; a
+    time-slicing config for nvidia.com/gpu leaves a MIG node under the mixed strategy unshared). migStrategy and
+    the device list strategy come from the operator's env vars, not from this file."""
     sharing = (content or {}).get("sharing") or {}
     for mode in ("timeSlicing", "mps"):
         block = sharing.get(mode)
         if block:
-            resources = tuple(sorted((str(r.get("name")), int(r.get("replicas", 1)))
-                                     for r in block.get("resources") or []))
-            return (mode, resources, bool(block.get("renameByDefault", False)),
+            shared = tuple(sorted((str(r.get("name")), int(r.get("replicas", 1)))
+                                  for r in block.get("resources") or [] if str(r.get("name")) in resources))
+            if not shared:
+                break
+            return (mode, shared, bool(block.get("renameByDefault", False)),
                     bool(block.get("failRequestsGreaterThanOne", False)))
     return ("exclusive",)
 
 
-def sharing_text(name: str | None, content: dict[str, Any] | None) -> str:
-    what = sharing_of(content)
+def sharing_text(name: str | None, content: dict[str, Any] | None, resources: list[str]) -> str:
+    what = sharing_of(content, resources)
     detail = what[0] if len(what) == 1 else f"{what[0]} {','.join(f'{r}x{n}' for r, n in what[1])}" + (
         " renamed" if what[2] else "")
     return f"{name or '(none)'}: {detail}"
@@ -202,29 +214,26 @@ class _NodeCheck:
             self.add("paused-operand", f"labels[{key}]", git, PAUSED, pending=self.mig_settling)
 
     def device_plugin(self) -> bool:
-        """Compare the config the node's label names by content; True when it agrees with Git."""
+        """Compare what the config the node runs does to its GPUs with what Git's does; True when they agree."""
         git_name = self.git.device_plugin_config
         git_content = self.fleet.device_plugin_configs[git_name].content if git_name else None
-        name = self.labels.get(DEVICE_PLUGIN_CONFIG_LABEL) or self.default_config()
+        resources = node_resources(self.git.mig_layout, self.fleet.clusters[self.git.cluster].mig_strategy)
+        name = self.state.device_plugin_config_for(self.node)
         cluster_configs = self.state.device_plugin_configs()
         if name is not None and name not in cluster_configs and name not in self.fleet.device_plugin_configs:
-            self.add("device-plugin", f"labels[{DEVICE_PLUGIN_CONFIG_LABEL}]", sharing_text(git_name, git_content),
-                     f"{name}: no such config in the cluster")
+            self.add("device-plugin", f"labels[{DEVICE_PLUGIN_CONFIG_LABEL}]",
+                     sharing_text(git_name, git_content, resources), f"{name}: no such config in the cluster")
             return False
         content = cluster_configs.get(name) if name in cluster_configs else (
             self.fleet.device_plugin_configs[name].content if name else None)
-        if sharing_of(content) != sharing_of(git_content):
-            self.add("device-plugin", f"labels[{DEVICE_PLUGIN_CONFIG_LABEL}]", sharing_text(git_name, git_content),
-                     sharing_text(name, content))
+        if sharing_of(content, resources) != sharing_of(git_content, resources):
+            self.add("device-plugin", f"labels[{DEVICE_PLUGIN_CONFIG_LABEL}]",
+                     sharing_text(git_name, git_content, resources), sharing_text(name, content, resources))
             return False
         if name != git_name:
             self.add("device-plugin", f"labels[{DEVICE_PLUGIN_CONFIG_LABEL}]", str(git_name), str(name or "(none)"),
                      pending=True)
         return True
-
-    def default_config(self) -> str | None:
-        spec = self.state.cluster_policy.get("spec") or {}
-        return ((spec.get("devicePlugin") or {}).get("config") or {}).get("default") or None
 
     def advertised(self) -> None:
         """The "applied but not taken effect" case: the config is right, the node advertises something else."""

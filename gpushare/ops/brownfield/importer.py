@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -39,6 +40,10 @@ from gpushare.ops.brownfield.cluster import (
     tenant_namespaces,
     valid_name,
 )
+from gpushare.ops.brownfield.operator import operator_changes
+
+if TYPE_CHECKING:
+    from gpushare.core.resolve import ResolvedFleet
 
 # Used only where the ClusterPolicy names no toolkit version; reported, and `gpushare check` judges it.
 FALLBACK_TOOLKIT = "1.18.2"
@@ -66,7 +71,7 @@ class ImportedNode:
 class ImportResult:
     environment: str
     files: dict[str, str]  # path relative to the workspace -> text
-    mapping: dict[str, str]  # source config -> profile
+    mapping: dict[str, list[str]]  # "mig.config=NAME" / "device-plugin.config=NAME" -> the profiles it became
     unsupported: list[Unsupported]
     nodes: list[ImportedNode] = field(default_factory=list)
 
@@ -75,23 +80,40 @@ class ImportResult:
                 "unsupported": [u.as_dict() for u in self.unsupported]}
 
 
+@dataclass(frozen=True)
+class Sharing:
+    """What a device-plugin config does on one node: only the resources the node advertises are shared."""
+
+    kind: str  # exclusive, time-slicing or mps
+    replicas: int = 1
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+
+
 class _Importer:
     def __init__(self, state: ClusterState, env: str) -> None:
         self.state = state
         self.env = env
         self.unsupported: list[Unsupported] = []
         self.profiles: dict[str, dict[str, Any]] = {}
-        self.profile_keys: dict[tuple[str | None, str | None], str] = {}
-        self.mapping: dict[str, str] = {}
-        self.spec = self.state.cluster_policy.get("spec") or {}
+        self.profile_keys: dict[tuple[Any, ...], str] = {}
+        self.uses: dict[str, set[str]] = {}  # "label=config" -> profiles
+        self.spec = self.state.policy_spec
         self.cp_name = f"ClusterPolicy/{name_of(self.state.cluster_policy)}"
+        self.strategy = self.mig_strategy()
+        self.dp_source = self.state.device_plugin_source()
+        self.mig_source = self.state.mig_source()
         self.sharing: dict[str, SharingConfig] = {
-            name: sharing_config(name, data, self.unsupported, "device-plugin ConfigMap")
-            for name, data in self.state.device_plugin_configs().items()}
-        self.mig: dict[str, list[dict[str, Any]]] = self.state.mig_configs()
+            name: sharing_config(name, data, self.unsupported, f"ConfigMap/{self.dp_source.configmap}")
+            for name, data in self.dp_source.configs.items()}
+        self.mig: dict[str, list[dict[str, Any]]] = self.mig_source.configs
 
     def note(self, obj: str, where: str, reason: str) -> None:
         self.unsupported.append(Unsupported(obj, where, reason))
+
+    @property
+    def mapping(self) -> dict[str, list[str]]:
+        return {k: sorted(v) for k, v in sorted(self.uses.items())}
 
     # -- nodes
 
@@ -115,12 +137,13 @@ class _Importer:
         usable, layout, mig_name = self.node_layout(obj, labels, model)
         if not usable:
             return None
-        sharing, dp_name = self.node_sharing(obj, labels)
+        sharing, dp_name = self.node_sharing(obj, node)
         if sharing is None:
             return None
         profile = self.profile_for(obj, model, layout, mig_name, sharing, dp_name)
         if profile is None:
             return None
+        self.check_allocatable(obj, node, profile, model, int(count))
         self.host_notes(obj, node, int(count))
         driver = self.driver(labels)
         return ImportedNode(name=name, address=address, model=model, gpu_count=int(count), driver=driver,
@@ -138,18 +161,23 @@ class _Importer:
 
     def node_layout(self, obj: str, labels: dict[str, str], model: GpuModel
                     ) -> tuple[bool, dict[str, int] | None, str | None]:
-        """(importable, layout, config name)."""
+        """(importable, layout, config name) from the mig-parted config the node's label names, read from the
+        ConfigMap mig-manager mounts (never another one)."""
         name = labels.get(OPERATOR_MIG_LABEL)
-        if name is None or not model.mig_capable or name == MIG_DISABLED:
+        if name is None or not model.mig_capable:
             return True, None, None
         state = labels.get(OPERATOR_STATE_LABEL, "unknown")
         if state != "success":
             self.note(obj, f"labels[{OPERATOR_STATE_LABEL}]", f"MIG config {name!r} is {state} on this node: the "
                       "import takes the layout the label asks for, which the node does not run yet")
         entries = self.mig.get(name)
+        if entries is None and name == MIG_DISABLED:
+            return True, None, name
         if entries is None:
-            self.note(obj, f"labels[{OPERATOR_MIG_LABEL}]", f"MIG config {name!r} is in no mig-parted ConfigMap of the "
-                      "dump; the node is left out")
+            source = self.mig_source
+            where = f"ConfigMap {source.configmap!r} ({source.named_by})"
+            why = f"{where} {source.problem}" if source.problem else f"{where}, the one mig-manager reads, lacks it"
+            self.note(obj, f"labels[{OPERATOR_MIG_LABEL}]", f"MIG config {name!r}: {why}; the node is left out")
             return False, None, name
         if mig_entries_partial(entries):
             self.note(obj, f"labels[{OPERATOR_MIG_LABEL}]", f"MIG config {name!r} gives some GPUs another layout "
@@ -157,16 +185,89 @@ class _Importer:
             return False, None, name
         return True, mig_layout(entries, model) or None, name
 
-    def node_sharing(self, obj: str, labels: dict[str, str]) -> tuple[SharingConfig | None, str | None]:
-        default = ((self.spec.get("devicePlugin") or {}).get("config") or {}).get("default") or None
-        name = labels.get(DEVICE_PLUGIN_LABEL) or default
+    def node_sharing(self, obj: str, node: dict[str, Any]) -> tuple[SharingConfig | None, str | None]:
+        """The device-plugin config the node runs, as the operator's config-manager picks it."""
+        labelled = labels_of(node).get(DEVICE_PLUGIN_LABEL)
+        name = self.state.device_plugin_config_for(node)
+        if self.dp_source.configmap is None:
+            if labelled:
+                self.note(obj, f"labels[{DEVICE_PLUGIN_LABEL}]", f"names config {labelled!r}, but the ClusterPolicy "
+                          f"mounts no device-plugin ConfigMap ({self.dp_source.named_by} is unset), so the plugin "
+                          "ignores the label and runs unshared; imported unshared")
+            return SharingConfig(name="", kind="exclusive"), None
         if name is None:
             return SharingConfig(name="", kind="exclusive"), None
         found = self.sharing.get(name)
         if found is None:
-            self.note(obj, f"labels[{DEVICE_PLUGIN_LABEL}]", f"device-plugin config {name!r} is in no ConfigMap of "
-                      "the dump; the node is left out")
+            where = f"ConfigMap {self.dp_source.configmap!r} ({self.dp_source.named_by})"
+            why = f"{where} {self.dp_source.problem}" if self.dp_source.problem else f"{where} lacks it"
+            self.note(obj, f"labels[{DEVICE_PLUGIN_LABEL}]", f"device-plugin config {name!r}: {why}; the node is "
+                      "left out")
         return found, name
+
+    def effective(self, obj: str, sharing: SharingConfig, layout: dict[str, int] | None) -> Sharing | None:
+        """What the config shares on this node: the device plugin shares only the resources the config names, and
+        under the mixed strategy a MIG node advertises nvidia.com/mig-<profile>, not nvidia.com/gpu. None where
+        gpushare cannot express it (noted)."""
+        if sharing.kind == "exclusive":
+            return Sharing("exclusive")
+        if layout is None or self.strategy == "single":
+            advertised = ["nvidia.com/gpu"]
+        else:
+            advertised = sorted(f"nvidia.com/mig-{p.replace('+', '.')}" for p in layout)
+        shared = {r: n for r, n in sharing.per_resource.items() if r in advertised}
+        if not shared:
+            return Sharing("exclusive")
+        where = f"labels[{DEVICE_PLUGIN_LABEL}]"
+        if set(shared) != set(advertised) or len(set(shared.values())) > 1 or set(shared) & sharing.inexpressible:
+            told = ", ".join(f"{r} x{n}" for r, n in sorted(shared.items()))
+            self.note(obj, where, f"config {sharing.name!r} shares {told} of the node's {', '.join(advertised)}"
+                      f"{' (with its own rename or device list)' if set(shared) & sharing.inexpressible else ''}; "
+                      "gpushare shares every resource of a node alike, with one count; the node is left out")
+            return None
+        replicas = next(iter(shared.values()))
+        if replicas < 2:
+            self.note(obj, where, f"config {sharing.name!r} shares with 1 replica, which is exclusive use; imported "
+                      "as exclusive")
+            return Sharing("exclusive")
+        return Sharing(sharing.kind, replicas, sharing.rename_by_default, sharing.fail_requests_greater_than_one)
+
+    def check_allocatable(self, obj: str, node: dict[str, Any], profile: str, model: GpuModel, count: int) -> None:
+        """The import plans what the node's labels and configs ask for; say so where the node allocates else."""
+        status = node.get("status") or {}
+        planned = {r: n * count for r, n in self.advertised(profile, model).items()}
+        shown = ", ".join(f"{r}={n}" for r, n in sorted(planned.items()))
+        if "allocatable" not in status:
+            self.note(obj, "status.allocatable", f"not in the dump: the plan ({shown}) is not checked against what "
+                      "the node allocates")
+            return
+        have = gpu_resources(status["allocatable"] or {})
+        if have == planned:
+            return
+        labels = labels_of(node)
+        state = labels.get(OPERATOR_STATE_LABEL, "success")
+        if OPERATOR_MIG_LABEL in labels and model.mig_capable and state != "success":
+            why = f"its MIG change to {labels[OPERATOR_MIG_LABEL]!r} is {state}"
+        else:
+            why = ("its config is applied but has not taken effect (gpu-operator #1144: restart the device plugin), "
+                   "or it shares in a way the import does not see")
+        allocates = ", ".join(f"{r}={n}" for r, n in sorted(have.items())) or "no GPU resource"
+        self.note(obj, "status.allocatable", f"the node allocates {allocates}; the import plans {shown}, what its "
+                  f"labels and configs ask for: {why}. A rollout makes the node allocate the plan")
+
+    def advertised(self, profile: str, model: GpuModel) -> dict[str, int]:
+        """What one GPU of this model advertises under the imported profile, as the resolver will name it."""
+        from gpushare.core import spec
+        from gpushare.core.resolve import advertised_per_gpu
+
+        cluster = spec.Cluster.model_validate({"name": self.env, "kind": "bare-metal", "kubernetes_version": "1.31",
+                                               "mig_strategy": self.strategy})
+        data = self.profiles[profile]
+        layout = None
+        if "mig" in data:
+            text = data["mig"]["layouts"][model.name]
+            layout = {p: int(c) for p, c in (item.split("=") for item in text.split(","))}
+        return advertised_per_gpu(spec.PROFILE_ADAPTER.validate_python(data), layout, cluster, False)[0]
 
     def driver(self, labels: dict[str, str]) -> int:
         text = labels.get(DRIVER_LABEL) or str((self.spec.get("driver") or {}).get("version", "")).split(".")[0]
@@ -183,38 +284,41 @@ class _Importer:
     # -- profiles
 
     def profile_for(self, obj: str, model: GpuModel, layout: dict[str, int] | None, mig_name: str | None,
-                    sharing: SharingConfig, dp_name: str | None) -> str | None:
+                    config: SharingConfig, dp_name: str | None) -> str | None:
+        sharing = self.effective(obj, config, layout)
+        if sharing is None:
+            return None
         kind = sharing.kind
-        if sharing.kind != "exclusive" and sharing.replicas < 2:
-            self.note(obj, f"labels[{DEVICE_PLUGIN_LABEL}]", f"config {dp_name!r} shares with 1 replica, which is "
-                      "exclusive use; imported as exclusive")
-            kind = "exclusive"
         if layout is not None:
             if kind == "mps":
                 self.note(obj, f"labels[{DEVICE_PLUGIN_LABEL}]", "MPS on MIG devices is not supported by the device "
                           "plugin; the node is left out")
                 return None
             kind = "mig-time-slicing" if kind == "time-slicing" else "mig"
-        key = (mig_name if layout is not None else None, dp_name if kind not in ("exclusive", "mig") else None)
-        name = self.profile_keys.get(key) or self.new_profile(key, kind, sharing)
+        sources = (mig_name if layout is not None else None, dp_name if kind not in ("exclusive", "mig") else None)
+        key = (*sources, kind, sharing)
+        name = self.profile_keys.get(key) or self.new_profile(key, sources, kind, sharing)
         profile = self.profiles[name]
         if layout is not None:
             text = ",".join(f"{p}={n}" for p, n in sorted(layout.items()))
             profile["mig"]["layouts"][model.name] = text
-        for source in key:
-            if source:
-                self.mapping[source] = name
+        # Every config the node uses maps to its profile, also one that shares nothing here (all-disabled, a
+        # time-slicing config naming resources a MIG node does not advertise).
+        for label, used in (("mig.config", mig_name), ("device-plugin.config", dp_name)):
+            if used:
+                self.uses.setdefault(f"{label}={used}", set()).add(name)
         return name
 
-    def new_profile(self, key: tuple[str | None, str | None], kind: str, sharing: SharingConfig) -> str:
-        base = valid_name("-".join(p for p in key if p) or "exclusive", 30)
+    def new_profile(self, key: tuple[Any, ...], sources: tuple[str | None, str | None], kind: str, sharing: Sharing
+                    ) -> str:
+        base = valid_name("-".join(p for p in sources if p) or "exclusive", 30)
         name, n = base, 2
         while name in self.profiles:
             name, n = f"{base[:27]}-{n}", n + 1
-        sources = " and ".join(f"{what} {p!r}" for what, p in zip(("mig-parted config", "device-plugin config"), key,
-                                                                  strict=True) if p)
+        described = " and ".join(f"{what} {p!r}" for what, p in zip(("mig-parted config", "device-plugin config"),
+                                                                    sources, strict=True) if p)
         profile: dict[str, Any] = {"name": name, "kind": kind,
-                                   "description": f"Imported from {sources or 'whole GPUs (no sharing config)'}."}
+                                   "description": f"Imported from {described or 'whole GPUs (no sharing config)'}."}
         if kind in ("mig", "mig-time-slicing"):
             profile["mig"] = {"layouts": {}}
         if kind in ("time-slicing", "mig-time-slicing"):
@@ -228,14 +332,17 @@ class _Importer:
 
     # -- the cluster, tenants and what is left over
 
-    def cluster(self, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    def mig_strategy(self) -> str:
         strategy = (self.spec.get("mig") or {}).get("strategy", "single")
-        cdi = (self.spec.get("cdi") or {}).get("enabled", True)
         if strategy not in ("single", "mixed"):
             self.note(self.cp_name, "spec.mig.strategy", f"{strategy!r} is not single or mixed; imported as mixed")
-            strategy = "mixed"
+            return "mixed"
+        return str(strategy)
+
+    def cluster(self, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+        cdi = (self.spec.get("cdi") or {}).get("enabled", True)
         return {"name": self.env, "kind": "bare-metal", "kubernetes_version": kubernetes_minor(nodes),
-                "mig_strategy": strategy, "cdi": bool(cdi)}
+                "mig_strategy": self.strategy, "cdi": bool(cdi)}
 
     def toolkit_version(self) -> str:
         text = str((self.spec.get("toolkit") or {}).get("version", ""))
@@ -307,14 +414,21 @@ class _Importer:
                             borrowing[rname] += int(res.get("borrowingLimit", 0) or 0)
         return dict(quota), {k: v for k, v in borrowing.items() if v}
 
-    def leftovers(self, used_sharing: set[str], used_mig: set[str]) -> None:
+    def leftovers(self, used_sharing: set[str], used_mig: set[str], driver: int, toolkit: str) -> None:
+        if not self.state.of("ClusterPolicy"):
+            self.note("ClusterPolicy", "spec", "not in the dump: the import cannot tell which ConfigMaps the operator "
+                      "mounts, so it reads none; dump it too (kubectl get clusterpolicies -o yaml)")
         for name in sorted(set(self.sharing) - used_sharing):
-            self.note("device-plugin ConfigMap", name, "config no node uses; not imported")
+            self.note(f"ConfigMap/{self.dp_source.configmap}", name, "config no node uses; not imported")
         for name in sorted(set(self.mig) - used_mig - {MIG_DISABLED}):
-            self.note("mig-parted ConfigMap", name, "config no node uses; not imported")
-        for key in sorted(set(self.spec) - CLUSTER_POLICY_KEYS):
-            self.note(self.cp_name, f"spec.{key}", "operator setting gpushare does not render; carry it into "
-                      "the operator values by hand if you need it")
+            self.note(f"ConfigMap/{self.mig_source.configmap}", name, "config no node uses; not imported")
+        for cm, holds in self.state.unread_config_maps():
+            self.note(f"ConfigMap/{cm}", "data", f"holds {holds}, but the ClusterPolicy mounts "
+                      f"{self.mig_source.configmap!r} for mig-manager and "
+                      f"{self.dp_source.configmap or 'no ConfigMap'!r} for the device plugin: no node reads these; "
+                      "not imported")
+        for change in operator_changes(self.spec, self.env, driver, toolkit):
+            self.note(self.cp_name, f"spec.{change.path}", change.reason)
         for obj in self.state.of("NVIDIADriver"):
             self.note(f"NVIDIADriver/{name_of(obj)}", "spec", "per-pool driver objects: gpushare pins one driver "
                       "branch per environment or host (driver_branch)")
@@ -329,13 +443,11 @@ class _Importer:
                 self.note(f"Namespace/{ns}", "ResourceQuota", "a system namespace is never a tenant")
 
 
-CLUSTER_POLICY_KEYS = {"mig", "cdi", "devicePlugin", "migManager", "toolkit", "driver", "operator", "dcgmExporter",
-                       "gfd", "dcgm", "nodeStatusExporter", "validator", "daemonsets"}
-
-
-def import_cluster(state: ClusterState, env: str, existing: dict[str, Any] | None = None) -> ImportResult:
+def import_cluster(state: ClusterState, env: str, existing: dict[str, Any] | None = None,
+                   context: str | None = None) -> ImportResult:
     """The workspace files (environment, profiles, Pulumi stack) that reproduce the cluster. `existing`: the
-    workspace's profiles by name; an imported profile equal to one of them is reused, never overwritten."""
+    workspace's profiles by name; an imported profile equal to one of them is reused, never overwritten.
+    `context`: the kubeconfig context the cluster was read through, written on the cluster."""
     imp = _Importer(state, env)
     gpu_nodes = state.gpu_nodes()
     nodes = [n for n in (imp.node(node) for node in gpu_nodes) if n is not None]
@@ -345,17 +457,21 @@ def import_cluster(state: ClusterState, env: str, existing: dict[str, Any] | Non
             file=str(state.source), fix="dump the cluster's nodes too (`kubectl get nodes -o yaml "
             "--show-managed-fields > DIR/nodes.yaml`, see docs/adoption.md), or point at the right cluster"),
             exit_code=2)
+    advertised = {r for n in nodes for r in imp.advertised(n.profile, n.model)}
     reused = _settle_names(imp, nodes, existing or {})
-    imp.leftovers({n.device_plugin_config for n in nodes if n.device_plugin_config},
-                  {n.mig_config for n in nodes if n.mig_config})
     driver = Counter(n.driver for n in nodes).most_common(1)[0][0] if nodes else FALLBACK_DRIVER
+    toolkit = imp.toolkit_version()
+    imp.leftovers({n.device_plugin_config for n in nodes if n.device_plugin_config},
+                  {n.mig_config for n in nodes if n.mig_config}, driver, toolkit)
     pools = _pools(nodes, imp.profiles, env, driver)
-    advertised = _advertised_resources(nodes, imp)
+    cluster = imp.cluster(gpu_nodes)
+    if context:
+        cluster["kubeconfig_context"] = context
     environment: dict[str, Any] = {
         "apiVersion": "gpushare.io/v1", "kind": "Environment", "name": env,
         "description": f"Imported from a running cluster ({state.source}); review before the first rollout.",
-        "defaults": {"driver_branch": driver, "toolkit_version": imp.toolkit_version()},
-        "clusters": [imp.cluster(gpu_nodes)], "pools": pools, "tenants": imp.tenants(advertised)}
+        "defaults": {"driver_branch": driver, "toolkit_version": toolkit},
+        "clusters": [cluster], "pools": pools, "tenants": imp.tenants(advertised)}
     files = {f"environments/{env}.yaml": _environment_text(environment, imp.unsupported, state.source),
              f"Pulumi.{env}.yaml": _stack_text(env)}
     for name, profile in sorted(imp.profiles.items()):
@@ -390,7 +506,7 @@ def _settle_names(imp: _Importer, nodes: list[ImportedNode], existing: dict[str,
         imp.profiles[new] = {**imp.profiles.pop(old), "name": new}
     for node in nodes:
         node.profile = renames.get(node.profile, node.profile)
-    imp.mapping = {k: renames.get(v, v) for k, v in imp.mapping.items()}
+    imp.uses = {k: {renames.get(v, v) for v in used} for k, used in imp.uses.items()}
     return reused
 
 
@@ -422,23 +538,6 @@ def _pools(nodes: list[ImportedNode], profiles: dict[str, dict[str, Any]], env: 
     return pools
 
 
-def _advertised_resources(nodes: list[ImportedNode], imp: _Importer) -> set[str]:
-    """Resource names the imported pools advertise, as the resolver will name them (for tenant quotas)."""
-    from gpushare.core import spec
-    from gpushare.core.resolve import advertised_per_gpu
-
-    cluster = spec.Cluster.model_validate(imp.cluster([]) | {"kubernetes_version": "1.31"})
-    out: set[str] = set()
-    for n in nodes:
-        profile = spec.PROFILE_ADAPTER.validate_python(imp.profiles[n.profile])
-        layout = None
-        if getattr(profile, "mig", None) is not None:
-            text = imp.profiles[n.profile]["mig"]["layouts"][n.model.name]
-            layout = {p: int(c) for p, c in (item.split("=") for item in text.split(","))}
-        out.update(advertised_per_gpu(profile, layout, cluster, False)[0])
-    return out
-
-
 def _dump(data: Any) -> str:
     return yaml.safe_dump(data, sort_keys=False, width=110)
 
@@ -456,3 +555,23 @@ def _stack_text(env: str) -> str:
     return ("config:\n  # The fleet this stack makes true (written by `gpushare import`).\n"
             f"  gpushare:environment: environments/{env}.yaml\n  gpushare:monitoring:\n    mode: install\n"
             "    release: kube-prometheus-stack\n    namespace: monitoring\n")
+
+
+def still_needed(workspace: Path, fleet: ResolvedFleet) -> list[str]:
+    """What `gpushare check` will still ask for before the imported environment passes, which the cluster cannot
+    say: how to reach each cluster, and guardrail limits for the new environment (the workspace's own file, which
+    the import never overwrites)."""
+    from gpushare.core.guardrails import load_guardrails
+
+    env = fleet.environment
+    todo = [f"set kubeconfig_context on cluster {c.name!r} in environments/{env}.yaml (or "
+            f"gpushare:clusters.{c.name}.kubeconfigContext in Pulumi.{env}.yaml): the context check and the rollout "
+            "reach it through" for c in fleet.clusters.values() if not c.kubeconfig_context]
+    try:
+        limits = load_guardrails(workspace / "policies" / "guardrails.yaml").environments
+    except GpushareError as err:
+        return [*todo, f"fix policies/guardrails.yaml, which check reads: {err.problems[0]}"]
+    if env not in limits:
+        todo.append(f"add limits for environment {env!r} under environments: in policies/guardrails.yaml (copy "
+                    f"{'prod' if 'prod' in limits else 'an existing environment'}'s to start strict)")
+    return todo

@@ -1,0 +1,240 @@
+"""`gpushare import` reads what the GPU Operator hands its operands, nothing else: the mig-parted ConfigMap the
+ClusterPolicy names (NVIDIA's default one where it names none), the device plugin's configs as they act on each
+node, dumps with several YAML documents; and it reports every operator setting the first rollout changes."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpushare.core.errors import GpushareError
+from gpushare.ops.brownfield.cluster import ClusterState, read_dumps
+from gpushare.ops.brownfield.importer import ImportResult, import_cluster
+from tests.brownfield.conftest import CLUSTERS, ENV, cli
+
+BOTH = CLUSTERS / "default-and-custom"  # NVIDIA's default mig-parted ConfigMap beside the custom one it names
+
+
+def state_of(folder: Path = BOTH) -> ClusterState:
+    state = read_dumps(folder)
+    state.objects = copy.deepcopy(state.objects)
+    return state
+
+
+def policy(state: ClusterState) -> dict[str, Any]:
+    return state.of("ClusterPolicy")[0]
+
+
+def node(state: ClusterState, name: str) -> dict[str, Any]:
+    return next(n for n in state.of("Node") if n["metadata"]["name"] == name)
+
+
+def layout_of(result: ImportResult, host: str) -> str:
+    profile = next(n.profile for n in result.nodes if n.name == host)
+    data = yaml.safe_load(result.files[f"profiles/{profile}.yaml"])
+    return str(data["mig"]["layouts"]["NVIDIA A100-SXM4-80GB"])
+
+
+def reported(result: ImportResult) -> dict[tuple[str, str], str]:
+    return {(u.object, u.field): u.reason for u in result.unsupported}
+
+
+def test_the_layout_comes_from_the_configmap_mig_manager_reads() -> None:
+    # Both ConfigMaps define all-balanced; NVIDIA's comes last in the dump, so merging them would take it.
+    result = import_cluster(state_of(), ENV)
+    assert layout_of(result, "a100-02") == "1g.10gb=3,2g.20gb=2"
+    notes = reported(result)
+    assert "no node reads these" in notes[("ConfigMap/default-mig-parted-config", "data")]
+    assert ("Node/a100-02", "status.allocatable") not in notes
+
+
+def test_without_a_configmap_name_mig_manager_reads_nvidias_default() -> None:
+    state = state_of()
+    del policy(state)["spec"]["migManager"]["config"]["name"]
+    result = import_cluster(state, ENV)
+    assert layout_of(result, "a100-02") == "1g.10gb=2,2g.20gb=1,3g.40gb=1"  # NVIDIA's all-balanced
+    # ... which is not what the node allocates: said, naming the node and both counts.
+    reason = reported(result)[("Node/a100-02", "status.allocatable")]
+    assert "nvidia.com/mig-1g.10gb=12, nvidia.com/mig-2g.20gb=8" in reason
+    assert "nvidia.com/mig-1g.10gb=8, nvidia.com/mig-2g.20gb=4, nvidia.com/mig-3g.40gb=4" in reason
+
+
+def test_a_missing_mig_configmap_leaves_its_nodes_out_and_says_why() -> None:
+    state = state_of()
+    policy(state)["spec"]["migManager"]["config"]["name"] = "gone"
+    result = import_cluster(state, ENV)
+    assert {n.name for n in result.nodes} == {"a100-03", "l4-01"}  # all-disabled needs no config
+    reason = reported(result)[("Node/a100-01", "labels[nvidia.com/mig.config]")]
+    assert "ConfigMap 'gone' (spec.migManager.config.name) is not in the dump" in reason
+
+
+def test_the_operators_namespace_decides_between_configmaps_of_one_name() -> None:
+    state = state_of()
+    nvidia = next(c for c in state.of("ConfigMap") if c["metadata"]["name"] == "default-mig-parted-config")
+    stray = copy.deepcopy(nvidia)
+    stray["metadata"] = {"name": "custom-mig-parted-config", "namespace": "kube-system"}
+    state.objects["ConfigMap"].append(stray)
+    assert layout_of(import_cluster(state, ENV), "a100-02") == "1g.10gb=3,2g.20gb=2"  # status.namespace: gpu-operator
+    del policy(state)["status"]["namespace"]
+    with pytest.raises(GpushareError) as err:
+        import_cluster(state, ENV)
+    problem = err.value.problems[0]
+    assert "gpu-operator, kube-system" in problem.message and problem.path == "spec.migManager.config.name"
+
+
+def test_time_slicing_nvidia_gpu_leaves_mig_devices_unshared_under_mixed() -> None:
+    result = import_cluster(state_of(), ENV)
+    profiles = {n.name: yaml.safe_load(result.files[f"profiles/{n.profile}.yaml"]) for n in result.nodes
+                if f"profiles/{n.profile}.yaml" in result.files}
+    assert profiles["a100-01"]["kind"] == "mig"  # allocates 56 whole MIG devices, not 224 replicas
+    assert profiles["a100-03"]["kind"] == "time-slicing"  # MIG off: the same default config shares its GPUs
+    assert profiles["a100-03"]["time_slicing"]["replicas"] == 4
+    assert result.mapping["device-plugin.config=default"] == ["all-1g-10gb", "all-balanced", "default"]
+    assert result.mapping["mig.config=all-disabled"] == ["default"]
+    assert result.mapping["device-plugin.config=whole"] == ["exclusive"]
+
+
+def test_under_the_single_strategy_the_same_config_time_slices_mig_devices() -> None:
+    state = state_of()
+    policy(state)["spec"]["mig"]["strategy"] = "single"
+    state.objects["Node"] = [node(state, "a100-01")]
+    for where in ("capacity", "allocatable"):
+        node(state, "a100-01")["status"][where] = {"nvidia.com/gpu": "224"}
+    result = import_cluster(state, ENV)
+    profile = yaml.safe_load(result.files[f"profiles/{result.nodes[0].profile}.yaml"])
+    assert profile["kind"] == "mig-time-slicing" and profile["time_slicing"]["replicas"] == 4
+    assert ("Node/a100-01", "status.allocatable") not in reported(result)
+
+
+def test_a_config_sharing_only_some_of_a_nodes_resources_is_refused_for_that_node() -> None:
+    state = state_of()
+    configs = next(c for c in state.of("ConfigMap") if c["metadata"]["name"] == "device-plugin-configs")
+    configs["data"]["default"] = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                                  "      - {name: nvidia.com/mig-1g.10gb, replicas: 2}\n")
+    result = import_cluster(state, ENV)
+    names = {n.name for n in result.nodes}
+    assert "a100-01" in names  # all its devices are 1g.10gb: mig-time-slicing x2
+    assert "a100-02" not in names  # 1g.10gb shared, 2g.20gb not: one count per node cannot say it
+    assert "shares nvidia.com/mig-1g.10gb x2 of the node's" in reported(result)[
+        ("Node/a100-02", "labels[nvidia.com/device-plugin.config]")]
+
+
+def test_without_a_device_plugin_configmap_the_label_does_nothing() -> None:
+    state = state_of()
+    del policy(state)["spec"]["devicePlugin"]["config"]
+    result = import_cluster(state, ENV)
+    reason = reported(result)[("Node/l4-01", "labels[nvidia.com/device-plugin.config]")]
+    assert "spec.devicePlugin.config.name is unset" in reason and "ignores the label" in reason
+    assert not any(k.startswith("device-plugin.config=") for k in result.mapping)
+
+
+def test_the_report_lists_every_operator_setting_the_rollout_changes() -> None:
+    notes = {f: r for (o, f), r in reported(import_cluster(state_of(), ENV)).items()
+             if o == "ClusterPolicy/cluster-policy"}
+    assert set(notes) == {f"spec.{p}" for p in (
+        "driver.enabled", "toolkit.enabled", "migManager.enabled", "dcgm.enabled", "operator.use_ocp_driver_toolkit",
+        "operator.defaultRuntime", "validator.plugin.env")}
+    assert notes["spec.driver.enabled"].startswith("true -> false") and "installs none" in notes["spec.driver.enabled"]
+    assert "WITH_WORKLOAD" in notes["spec.validator.plugin.env"]
+    assert "gpushare:operatorValues" in notes["spec.operator.use_ocp_driver_toolkit"]
+    # An operand already off stays off: nothing to report; one gpushare needs is turned on, and said.
+    state = state_of()
+    spec = policy(state)["spec"]
+    spec["driver"] = {"enabled": False, "version": "570.1"}
+    spec["dcgmExporter"] = {"enabled": False}
+    notes = {f: r for (o, f), r in reported(import_cluster(state, ENV)).items() if o == "ClusterPolicy/cluster-policy"}
+    assert not any(f.startswith("spec.driver.") for f in notes)
+    assert notes["spec.dcgmExporter.enabled"].startswith("false -> true")
+
+
+def test_the_reported_operator_settings_are_what_the_program_sets(imported: Any) -> None:
+    """The report's account of the rollout's operator values must be the Pulumi program's, not a model of it."""
+    from gpushare.core.resolve import resolve_env
+    from gpushare.ops.brownfield import operator
+    from gpushare.program.components.operator_values import ClusterGpus, operator_values
+
+    imported("default-and-custom")
+    fleet = resolve_env(ENV)
+    values = operator_values(fleet, ClusterGpus.of(fleet, fleet.clusters[ENV]), device_plugin_hash="0",
+                             mig_parted_hash=None, dcgm_counters_hash="0", monitoring_release="kube-prometheus-stack")
+    for component in operator.TURNED_OFF:
+        assert values.get(component, {}).get("enabled") is False, component
+    for component in operator.TURNED_ON:
+        assert values[component]["enabled"] is True, component
+    covered = (*operator.CONVERTED, *operator.REPLACED, *((c, "enabled") for c in (*operator.TURNED_OFF,
+                                                                                    *operator.TURNED_ON)))
+    for path in _leaf_paths(values):
+        if path[0] == "node-feature-discovery":
+            continue  # a subchart's values: no ClusterPolicy field
+        assert any(path[:len(c)] == c for c in covered), path
+
+
+def _leaf_paths(node: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    if isinstance(node, dict) and node:
+        return [p for k, v in node.items() for p in _leaf_paths(v, (*path, str(k)))]
+    return [path]
+
+
+def test_a_dump_file_may_hold_several_documents(tmp_path: Path) -> None:
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    nodes = yaml.safe_load((CLUSTERS / "timeslicing-mig" / "nodes.yaml").read_text())
+    first, rest = nodes["items"][0], nodes["items"][1:]
+    text = "---\n".join([yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": rest}), "",
+                         yaml.safe_dump(first)])  # a List, an empty document, one object
+    (dumps / "all.yaml").write_text(text + "---\n" + (CLUSTERS / "timeslicing-mig" / "clusterpolicies.yaml")
+                                    .read_text() + "---\n" + (CLUSTERS / "timeslicing-mig" / "configmaps.yaml")
+                                    .read_text())
+    state = read_dumps(dumps)
+    assert sorted(n["metadata"]["name"] for n in state.of("Node")) == sorted(n["metadata"]["name"]
+                                                                            for n in nodes["items"])
+    assert len(state.of("ClusterPolicy")) == 1 and len(state.of("ConfigMap")) == 2
+    # A broken later document is refused with its file and line, like any YAML file.
+    (dumps / "all.yaml").write_text(text + "---\nkind: Node\nkind: Node\n")
+    with pytest.raises(GpushareError) as err:
+        read_dumps(dumps)
+    problem = err.value.problems[0]
+    assert "appears twice" in problem.message and problem.file == str(dumps / "all.yaml")
+    assert problem.line == text.count("\n") + 3
+
+
+def test_a_live_context_is_written_and_not_asked_for_again(tmp_path: Path) -> None:
+    from gpushare.cli.init import write_workspace
+
+    workspace = tmp_path / "ws"
+    write_workspace(workspace)
+    result = import_cluster(state_of(), ENV, context="prod-admin")
+    env = yaml.safe_load(result.files[f"environments/{ENV}.yaml"])
+    assert env["clusters"][0]["kubeconfig_context"] == "prod-admin"
+
+
+@pytest.mark.slow  # runs `gpushare check` with its offline Pulumi plan
+def test_doing_what_next_says_leaves_check_nothing_to_ask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpushare.cli.init import write_workspace
+
+    workspace = tmp_path / "ws"
+    write_workspace(workspace)
+    monkeypatch.setenv("GPUSHARE_ROOT", str(workspace))
+    code, out = cli("import", "--from", str(BOTH), "--env", ENV, "--out", str(workspace))
+    assert code == 0 and len(out["next"]) == 2
+    code, checked = cli("check", "--env", ENV)
+    assert code != 0 and "kubeconfig context" in checked["errors"][0]
+    # The two steps `next` names: a context on the cluster, guardrail limits for the environment.
+    env_file = workspace / "environments" / f"{ENV}.yaml"
+    env = yaml.safe_load(env_file.read_text())
+    env["clusters"][0]["kubeconfig_context"] = ENV
+    env_file.write_text(yaml.safe_dump(env, sort_keys=False))
+    guardrails = workspace / "policies" / "guardrails.yaml"
+    data = yaml.safe_load(guardrails.read_text())
+    data["environments"][ENV] = data["environments"]["dev"]
+    guardrails.write_text(yaml.safe_dump(data, sort_keys=False))
+    from gpushare.core import guardrails as loaded
+
+    loaded._load.cache_clear()  # one process here; each `gpushare check` reads the file afresh
+    code, checked = cli("check", "--env", ENV)
+    assert "errors" not in checked, checked  # the rules ran: what they find is the review's, not a missing input
+    assert code in (0, 1)
