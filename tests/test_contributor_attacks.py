@@ -431,3 +431,50 @@ def test_the_base_guardrails_are_read_through_links_in_the_tree(repository: Path
     assert non_waivable_at("main", "prod", policies / "guardrails.yaml") == (
         "untrusted-tenants-hardware-isolated", "toolkit-cve-floor")
     assert non_waivable_at("main", "dev", policies / "guardrails.yaml") == ()
+
+
+# ---------------------------------------------------------------- the deployer identity
+
+
+def deployer_violations(deployer: dict[str, Any] | None) -> list[str]:
+    from gpushare.policy.rules import RULES, Context
+
+    config = {} if deployer is None else {"gpushare:deployer": deployer}
+    ctx = Context(fleet=resolve(ENVIRONMENTS / "dev.yaml", PROFILES), guardrails=load_guardrails(GUARDRAILS),
+                  environment="dev", stack_config=config)
+    return [f"{v.where}: {v.message}" for v in RULES["deployer-identity-narrow"].run(ctx)]
+
+
+@pytest.mark.parametrize(("deployer", "where"), [
+    ({"groups": ["system:authenticated"]}, "gpushare:deployer.groups[0]"),
+    ({"groups": ["system:masters", "system:serviceaccounts"]}, "gpushare:deployer.groups[1]"),
+    ({"groups": ["system:serviceaccounts:partner-eval"]}, "gpushare:deployer.groups[0]"),
+    ({"groups": ["system:nodes"]}, "gpushare:deployer.groups[0]"),
+    ({"users": ["system:serviceaccount:partner-eval:default"], "groups": []}, "gpushare:deployer.users[0]"),
+    ({"users": ["system:anonymous"]}, "gpushare:deployer.users[0]"),
+    ({"users": ["system:node:dev-l4-01"], "groups": []}, "gpushare:deployer.users[0]"),
+])
+def test_a_deployer_that_is_a_broad_group_or_a_tenant_account_is_refused(deployer: dict[str, Any], where: str
+                                                                         ) -> None:
+    (violation,) = deployer_violations(deployer)
+    assert violation.startswith(where + ": ")
+
+
+@pytest.mark.parametrize("deployer", [
+    None, {"groups": ["system:masters"]}, {"users": ["system:serviceaccount:gpushare-ci:deployer"], "groups": []},
+    {"users": ["ci-deployer@example.iam.gserviceaccount.com"], "groups": ["platform-deployers"]},
+    '{"users": ["system:serviceaccount:gpushare-ci:deployer"], "groups": []}',  # Pulumi's JSON text form
+])
+def test_gpushares_own_deployer_is_allowed(deployer: Any) -> None:
+    assert deployer_violations(deployer) == []
+
+
+def test_the_program_refuses_a_deployer_that_is_a_tenant_account() -> None:
+    from gpushare.ops.preview import collect_plan
+
+    config = yaml.safe_load((WORKSPACE / "Pulumi.dev.yaml").read_text())["config"]
+    deployer = {"users": ["system:serviceaccount:ds-notebooks:builder"], "groups": []}
+    with pytest.raises(GpushareError) as info:
+        collect_plan("dev", {**config, "gpushare:deployer": deployer})
+    problem = only(info.value.problems)
+    assert problem.path == "gpushare:deployer.users[0]" and "ds-notebooks" in problem.message and problem.fix

@@ -451,14 +451,19 @@ def _fields_named(node: Any, key: str, path: str = "") -> Iterator[tuple[str, An
             yield from _fields_named(v, key, f"{path}[{i}]")
 
 
-def _site_operator_values(ctx: Context) -> Mapping[str, Any]:
-    raw = (ctx.stack_config or {}).get(OPERATOR_VALUES_KEY) or {}
+def _stack_mapping(ctx: Context, key: str) -> Mapping[str, Any]:
+    """A `gpushare:*` object setting of the stack ({} where it is absent or not an object)."""
+    raw = (ctx.stack_config or {}).get(key) or {}
     if isinstance(raw, str):  # Pulumi config may hold an object as its JSON text
         try:
             raw = json.loads(raw)
         except ValueError:
             return {}
     return raw if isinstance(raw, Mapping) else {}
+
+
+def _site_operator_values(ctx: Context) -> Mapping[str, Any]:
+    return _stack_mapping(ctx, OPERATOR_VALUES_KEY)
 
 
 def _container_images(node: Any) -> Iterator[str]:
@@ -769,6 +774,21 @@ def _quota_within_capacity(ctx: Context) -> Iterator[Finding]:
             yield f"{problem.path}", problem.message
 
 
+@rule("tenant-quota-above-capacity", "advisory",
+      "Where the environment allows it (quota_above_capacity: warning, the default), tenants guaranteed more of a "
+      "GPU resource than their cluster's pools advertise are reported, as validate and plan warn: Kueue cannot "
+      "admit the guarantee, so a tenant counting on it waits.",
+      "lower the tenants' quota to what the pools advertise, or add GPUs; `gpushare plan` shows both")
+def _quota_above_capacity(ctx: Context) -> Iterator[Finding]:
+    if ctx.limits.quota_above_capacity == "error":
+        return  # tenant-quota-within-capacity fails there
+    from gpushare.core.tenancy import fleet_tenancy
+
+    for ct in fleet_tenancy(ctx.fleet, ctx.guardrails, refuse=False).values():
+        for problem in ct.over_capacity:
+            yield f"{problem.path}", problem.message
+
+
 @rule("tenant-has-quota", "mandatory",
       "Every tenant namespace has a GPU quota.",
       "give the tenant a quota in the environment file")
@@ -776,6 +796,58 @@ def _tenant_quota(ctx: Context) -> Iterator[Finding]:
     for tenant in ctx.fleet.tenants:
         if not tenant.quota:
             yield f"tenant {tenant.name}", f"tenant {tenant.name} (namespace {tenant.namespace}) has no GPU quota"
+
+
+DEPLOYER_KEY = "gpushare:deployer"
+# Groups Kubernetes puts every identity of a kind in (every signed-in user, every ServiceAccount, every kubelet): a
+# deployer named by one exempts all of them from the tenant namespace policies. system:masters (the default) is not
+# one: only break-glass credentials carry it, and they bypass authorization anyway.
+BROAD_GROUPS = ("system:authenticated", "system:unauthenticated", "system:serviceaccounts", "system:nodes",
+                "system:bootstrappers")
+BROAD_GROUP_PREFIXES = ("system:serviceaccounts:", "system:bootstrappers:")
+SERVICE_ACCOUNT_USER = "system:serviceaccount:"
+
+
+def deployer_findings(users: Iterable[str], groups: Iterable[str], tenant_namespaces: Iterable[str]
+                      ) -> list[tuple[str, str]]:
+    """(setting, why) for each deployer identity that is not gpushare's own: a group every identity of a kind is in,
+    the anonymous user, a kubelet, or a ServiceAccount in a tenant's namespace (whose pods could then relabel their
+    own namespace trusted). The Pulumi program refuses these too (gpushare/program/main.py)."""
+    tenants = set(tenant_namespaces)
+    found = []
+    for i, group in enumerate(groups):
+        if group in BROAD_GROUPS or group.startswith(BROAD_GROUP_PREFIXES):
+            found.append((f"groups[{i}]", f"group {group!r} is one Kubernetes gives every identity of a kind, so all "
+                          "of them would be exempt from the tenant namespace policies"))
+    for i, user in enumerate(users):
+        if user == "system:anonymous":
+            found.append((f"users[{i}]", "user 'system:anonymous' is every unauthenticated request"))
+        elif user.startswith("system:node:"):
+            found.append((f"users[{i}]", f"user {user!r} is a kubelet, on a node tenants' pods run on"))
+        elif user.startswith(SERVICE_ACCOUNT_USER):
+            namespace = user[len(SERVICE_ACCOUNT_USER):].partition(":")[0]
+            if namespace in tenants:
+                found.append((f"users[{i}]", f"user {user!r} is a ServiceAccount in tenant namespace {namespace!r}: "
+                              "the tenant's own pods could change their namespace's trust and Pod Security labels"))
+    return found
+
+
+DEPLOYER_FIX = ("name gpushare's own deployer in gpushare:deployer: its CI ServiceAccount as a user "
+                "(system:serviceaccount:<ns>:<name>, in a namespace no tenant has) or a group only it is in")
+
+
+@rule("deployer-identity-narrow", "mandatory",
+      "The deployer identity (gpushare:deployer, the one the tenant namespace policies exempt) is gpushare's own: "
+      "no group Kubernetes gives every user, ServiceAccount or node, no anonymous user or kubelet, and no "
+      "ServiceAccount in a tenant's namespace.", DEPLOYER_FIX)
+def _deployer(ctx: Context) -> Iterator[Finding]:
+    from gpushare.policy.admission import DEFAULT_DEPLOYER_GROUPS
+
+    deployer = _stack_mapping(ctx, DEPLOYER_KEY)
+    users = [str(u) for u in deployer.get("users") or []]
+    groups = [str(g) for g in deployer.get("groups", DEFAULT_DEPLOYER_GROUPS) or []]
+    for setting, why in deployer_findings(users, groups, (t.namespace for t in ctx.fleet.tenants)):
+        yield f"{DEPLOYER_KEY}.{setting}", why
 
 
 @rule("promotion-from-pilot", "mandatory",

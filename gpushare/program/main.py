@@ -16,6 +16,7 @@ from gpushare.core.guardrails import load_guardrails
 from gpushare.core.paths import project_root
 from gpushare.core.resolve import resolve
 from gpushare.core.stacks import environment_escape, environment_file, stack_config
+from gpushare.policy.rules import DEPLOYER_FIX, deployer_findings
 from gpushare.program.components import operator_values as ov
 from gpushare.program.program import plan_cluster, register_cluster
 from gpushare.program.stack_config import load_stack_config
@@ -33,6 +34,9 @@ def main() -> None:
         raise GpushareError(escape)
     fleet = resolve(environment_file(stack.environment, root))
     stack.check_clusters(list(fleet.clusters))
+    refused = deployer_findings(stack.deployer.users, stack.deployer.groups, (t.namespace for t in fleet.tenants))
+    if refused:
+        raise GpushareError([stack.problem(f"deployer.{setting}", why, DEPLOYER_FIX) for setting, why in refused])
     guardrails = load_guardrails()
     kept = ov.kept_device_plugin_configs(stack.keep_device_plugin_configs, fleet, project_root(), stack.file)
     plans = []
