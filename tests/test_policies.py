@@ -147,6 +147,30 @@ def test_rule_fires(rule: str, mutate: Mutate, where: str | tuple[str, ...], dev
     assert v.rule == rule and v.level == "mandatory" and v.fix and v.message
 
 
+def test_quota_above_capacity_is_advisory_where_validate_only_warns(dev_data: dict[str, Any], write_env: Any) -> None:
+    """dev allows it (quota_above_capacity: warning): validate warns, and check lists it without failing; pilot
+    refuses it, and there only the mandatory rule fires."""
+    tenant_named(dev_data, "research")["quota"] = {"nvidia.com/gpu": 400}
+    path = write_env(dev_data)
+    warned = CliRunner().invoke(app, ["validate", "--env", str(path), "--json"])
+    assert warned.exit_code == 0 and any("guaranteed 400 nvidia.com/gpu" in w
+                                         for w in json.loads(warned.stdout)["warnings"])
+    checked = CliRunner().invoke(app, ["check", "--env", str(path), "--json", "--no-plan"])
+    assert checked.exit_code == 0, checked.output
+    (v,) = [v for v in json.loads(checked.stdout)["violations"] if "quota" in v["rule"]]
+    assert (v["rule"], v["level"], v["where"]) == ("tenant-quota-above-capacity", "advisory",
+                                                   "tenants[1].quota.nvidia.com/gpu")
+    assert "guaranteed 400 nvidia.com/gpu" in v["message"] and v["fix"]
+    _quota_above_capacity(dev_data)
+    ctx = context(write_env, dev_data)
+    assert fired(ctx, "tenant-quota-above-capacity") == [] and len(fired(ctx, "tenant-quota-within-capacity")) == 1
+
+
+def test_every_rule_is_in_the_guardrails_doc() -> None:
+    table = (ROOT / "docs" / "guardrails.md").read_text()
+    assert [r for r in RULES if f"\n| `{r}`" not in table] == []
+
+
 def test_cve_floor_names_the_cves(dev_data: dict[str, Any], write_env: Any) -> None:
     _old_toolkit(dev_data)
     (v,) = fired(context(write_env, dev_data), "toolkit-cve-floor")
