@@ -478,3 +478,78 @@ def test_the_program_refuses_a_deployer_that_is_a_tenant_account() -> None:
         collect_plan("dev", {**config, "gpushare:deployer": deployer})
     problem = only(info.value.problems)
     assert problem.path == "gpushare:deployer.users[0]" and "ds-notebooks" in problem.message and problem.fix
+
+
+# ---------------------------------------------------------------- operator values that rename the advertised GPUs
+
+RENAMES = "operator-values-keep-resource-names"
+
+
+def renaming(site: dict[str, Any] | None = None, plan: list[Any] | None = None) -> list[str]:
+    from gpushare.policy.rules import RULES, Context
+
+    config = {} if site is None else {"gpushare:operatorValues": site}
+    ctx = Context(fleet=resolve(ENVIRONMENTS / "dev.yaml", PROFILES), guardrails=load_guardrails(GUARDRAILS),
+                  environment="dev", stack_config=config, plan=plan)
+    return [f"{v.where}: {v.message}" for v in RULES[RENAMES].run(ctx)]
+
+
+@pytest.mark.parametrize(("site", "where"), [
+    ({"devicePlugin": {"args": ["--mig-strategy=single"]}}, "devicePlugin.args"),
+    ({"devicePlugin": {"args": ["-mig-strategy", "single"]}}, "devicePlugin.args"),
+    ({"devicePlugin": {"args": ["--config-file /etc/other/config.yaml"]}}, "devicePlugin.args"),
+    ({"devicePlugin": {"env": [{"name": "mig-strategy", "value": "single"}]}}, "devicePlugin.env mig-strategy"),
+    ({"devicePlugin": {"env": [{"name": "CONFIG_FILE", "value": "/x"}]}}, "devicePlugin.env CONFIG_FILE"),
+    ({"mig": {"strategy": "single"}}, "mig.strategy"),
+    ({"devicePlugin": {"config": {"name": "my-plugin-config", "default": "renamed"}}}, "devicePlugin.config"),
+    ({"sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-passthrough"}}, "sandboxWorkloads.enabled"),
+])
+def test_operator_values_that_rename_the_advertised_gpus_are_refused(site: dict[str, Any], where: str) -> None:
+    (violation,) = renaming(site)
+    assert violation.startswith(f"gpushare:operatorValues.{where}: ")
+
+
+@pytest.mark.parametrize("site", [
+    None,
+    {"devicePlugin": {"repository": "mirror.example.net/nvidia", "args": ["--fail-on-init-error=false"]}},
+    {"devicePlugin": {"resources": {"limits": {"memory": "512Mi"}}}, "sandboxWorkloads": {"enabled": False}},
+    {"toolkit": {"repository": "mirror.example.net/nvidia"}},
+])
+def test_site_additions_that_keep_the_names_are_allowed(site: dict[str, Any] | None) -> None:
+    assert renaming(site) == []
+
+
+@pytest.fixture(scope="module")
+def dev_plan() -> list[Any]:
+    from gpushare.ops.preview import plan_resources
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GPUSHARE_ROOT", str(WORKSPACE))
+        return plan_resources("dev")
+
+
+def test_a_plan_whose_operator_release_renames_the_gpus_is_refused(dev_plan: list[Any]) -> None:
+    import copy
+    from dataclasses import replace
+
+    assert renaming(plan=dev_plan) == []  # the neighbour: the program's own values keep the cluster's names
+    plan = copy.deepcopy(dev_plan)
+    (i, release), = [(i, r) for i, r in enumerate(plan) if str(r.inputs.get("chart", "")).endswith("gpu-operator")]
+    values = copy.deepcopy(dict(release.inputs["values"]))
+    values["mig"]["strategy"] = "single"
+    plan[i] = replace(release, inputs={**release.inputs, "values": values})
+    (violation,) = renaming(plan=plan)
+    assert violation.startswith(f"release {release.name}, mig.strategy: ")
+
+
+def test_the_program_refuses_site_values_that_rename_the_gpus() -> None:
+    from gpushare.ops.preview import collect_plan
+
+    config = yaml.safe_load((WORKSPACE / "Pulumi.dev.yaml").read_text())["config"]
+    site = {"devicePlugin": {"args": ["--mig-strategy", "single"]}}
+    with pytest.raises(GpushareError) as info:
+        collect_plan("dev", {**config, "gpushare:operatorValues": site})
+    problem = only(info.value.problems)
+    assert problem.path == "gpushare:operatorValues.devicePlugin.args" and "--mig-strategy" in problem.message
+    mirrored = {"devicePlugin": {"repository": "mirror.example.net/nvidia"}}
+    assert collect_plan("dev", {**config, "gpushare:operatorValues": mirrored}).resources

@@ -610,22 +610,28 @@ def device_list_strategies(value: Any) -> list[str]:
     return [s.strip().lower() for item in items for s in str(item).split(",") if s.strip()]
 
 
-def device_list_from_args(args: Iterable[Any]) -> list[str] | None:
-    """--device-list-strategy from the plugin's args in every spelling its flag parser takes (-x or --x, =value or the
-    value as the next item, one item holding both); a repeated flag adds up. None when the args do not set it."""
+def flag_from_args(args: Iterable[Any], name: str) -> list[str] | None:
+    """The values a flag takes in the plugin's args, in every spelling its flag parser takes (-x or --x, =value or
+    the value as the next item, one item holding both); a repeated flag adds up. None when the args do not set it."""
     tokens = [token for arg in args for token in str(arg).split()]
     found: list[str] | None = None
     i = 0
     while i < len(tokens):
         token = tokens[i]
         flag, eq, value = token.lstrip("-").partition("=")
-        if token.startswith("-") and flag.lower() == DEVICE_LIST_FLAG:
+        if token.startswith("-") and flag.lower() == name:
             if not eq:
                 value = tokens[i + 1] if i + 1 < len(tokens) else ""
                 i += 1
-            found = (found or []) + device_list_strategies(value)
+            found = (found or []) + [value]
         i += 1
     return found
+
+
+def device_list_from_args(args: Iterable[Any]) -> list[str] | None:
+    """--device-list-strategy from the plugin's args (flag_from_args), normalised."""
+    found = flag_from_args(args, DEVICE_LIST_FLAG)
+    return None if found is None else [s for value in found for s in device_list_strategies(value)]
 
 
 def effective_device_list_strategy(config: Mapping[str, Any], operator_values: Mapping[str, Any] | None
@@ -698,6 +704,67 @@ def _device_list(ctx: Context) -> Iterator[Finding]:
                 yield (f"{where}, devicePlugin.env {spelt}",
                        f"devicePlugin.env sets {spelt}={item.get('value', '')!r}, a spelling of {DEVICE_LIST_ENV} the "
                        "plugin does not read: remove it so the setting that applies is the one reviewed")
+
+
+# Device-plugin settings that decide which names GPUs are advertised under. gpushare derives those names from the
+# environment file (the cluster's mig_strategy, the profiles' rename_by_default), and tenants' quotas are checked
+# against them; set in the GPU Operator's values they would rename GPUs past every quota and isolation rule.
+RENAMING_FLAGS = ("mig-strategy", "config-file")  # single names MIG instances nvidia.com/gpu; another config file
+RENAMING_ENV = ("MIG_STRATEGY", "CONFIG_FILE")  # the same flags as the plugin reads them from its environment
+RENAMING_FIX = ("set the device plugin through the environment file (the cluster's mig_strategy and cdi, the "
+                "profiles' rename_by_default), where quotas follow it, and drop the setting from "
+                f"{OPERATOR_VALUES_KEY}")
+
+
+def renaming_findings(values: Mapping[str, Any], mig_strategy: str | None, site: bool = False
+                      ) -> list[tuple[str, str]]:
+    """(value path, why) for each GPU Operator value that would change the resource names the device plugin
+    advertises. `mig_strategy`: the cluster's (None: any mig.strategy is refused). `site`: the values are the stack's
+    own additions, where gpushare's device-plugin config (devicePlugin.config) may not be touched at all."""
+    found: list[tuple[str, str]] = []
+    plugin = values.get("devicePlugin") or {}
+    plugin = plugin if isinstance(plugin, Mapping) else {}
+    strategy = (values.get("mig") or {}).get("strategy") if isinstance(values.get("mig"), Mapping) else None
+    if strategy is not None and strategy != mig_strategy:
+        found.append(("mig.strategy", f"mig.strategy {strategy!r} renames MIG instances (single advertises each as "
+                      "nvidia.com/gpu) apart from the cluster's mig_strategy, which quotas are checked against"))
+    args = plugin.get("args") or []
+    for flag in RENAMING_FLAGS:
+        if flag_from_args(args if isinstance(args, list) else [args], flag) is not None:
+            found.append(("devicePlugin.args", f"devicePlugin.args sets --{flag}, which changes the names the "
+                          "device plugin advertises GPUs under past every quota"))
+    env = plugin.get("env") or []
+    for item in env if isinstance(env, list) else []:
+        spelt = str(item.get("name", "")) if isinstance(item, Mapping) else ""
+        if spelt.upper().replace("-", "_") in RENAMING_ENV:
+            found.append((f"devicePlugin.env {spelt}", f"devicePlugin.env sets {spelt}, which changes the names the "
+                          "device plugin advertises GPUs under past every quota"))
+    config = plugin.get("config") or {}
+    if isinstance(config, Mapping) and (config if site else config.get("data")):
+        found.append(("devicePlugin.config", "devicePlugin.config replaces gpushare's device-plugin configs "
+                      "(resources, renameByDefault), whose names quotas are checked against"))
+    sandbox = values.get("sandboxWorkloads") or {}
+    if isinstance(sandbox, Mapping) and sandbox.get("enabled"):
+        found.append(("sandboxWorkloads.enabled", "sandboxWorkloads.enabled advertises passthrough GPUs as "
+                      "nvidia.com/<device name>, a resource no quota lists"))
+    return found
+
+
+@rule("operator-values-keep-resource-names", "mandatory",
+      f"Nothing in the GPU Operator's values ({OPERATOR_VALUES_KEY} and the plan's releases) changes the names the "
+      "device plugin advertises GPUs under: no mig.strategy other than the cluster's, no --mig-strategy or "
+      "--config-file in devicePlugin.args (or their env), no other devicePlugin.config, no sandbox workloads.",
+      RENAMING_FIX)
+def _resource_names(ctx: Context) -> Iterator[Finding]:
+    site = _site_operator_values(ctx)
+    for path, why in renaming_findings(site, None, site=True):
+        yield f"{OPERATOR_VALUES_KEY}.{path}", why
+    for r in ctx.plan_of("helm.sh/v3:Release"):
+        if str(r.inputs.get("chart", "")).endswith("gpu-operator"):
+            cluster = ctx.fleet.clusters.get(r.cluster)
+            for path, why in renaming_findings(r.inputs.get("values", {}) or {},
+                                               cluster.mig_strategy if cluster else None):
+                yield f"release {r.name}, {path}", why
 
 
 @rule("exact-mig-placements", "mandatory",

@@ -16,7 +16,7 @@ from gpushare.core import dra, spec
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.policy.device_plugin import settings_problems
-from gpushare.policy.rules import gpu_operator_chart_values
+from gpushare.policy.rules import OPERATOR_VALUES_KEY, RENAMING_FIX, gpu_operator_chart_values, renaming_findings
 from gpushare.program.components import dra_driver
 from gpushare.program.components import operator_values as ov
 
@@ -78,6 +78,9 @@ def _check(values: dict[str, Any], gpus: ov.ClusterGpus) -> None:
     problems = ov.check_chart_values(values)
     problems += [Problem(msg, fix="fix the cluster's cdi / mig_strategy or drop the devicePlugin.env override")
                  for msg in settings_problems(values, gpus.cluster)]
+    # GPUs advertised under other names than the environment gives would be past every quota (policy.rules).
+    problems += [Problem(why, path=f"{OPERATOR_VALUES_KEY}.{where}", fix=RENAMING_FIX)
+                 for where, why in renaming_findings(values, gpus.cluster.mig_strategy)]
     missed = ov.untolerated(gpus.taints, values["daemonsets"]["tolerations"])
     problems += [Problem(f"pool taint {t.key}={t.value}:{t.effect} is not tolerated by the operator's "
                          "daemonsets.tolerations: its operands would never reach those nodes",
