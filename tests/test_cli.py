@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpushare.cli import app
-from tests.conftest import ENVIRONMENTS, ROOT, SHIPPED_ENVIRONMENTS, host_named, pool_named
+from tests.conftest import ENVIRONMENTS, ROOT, SHIPPED_ENVIRONMENTS, host_named, pool_named, tenant_named
 
 runner = CliRunner()
 
@@ -83,6 +83,24 @@ def test_plan_json() -> None:
     assert data["ok"] is True and data["environment"] == "pilot"
     assert {p["name"] for p in data["pools"]} >= {"a100-inference", "gke-l4-inference"}
     assert data["totals"]["physical_gpus"] == sum(p["physical_gpus"] for p in data["pools"])
+
+
+def test_plan_says_why_an_untrusted_tenants_shared_quota_is_withheld(dev_data: dict[str, Any],
+                                                                     write_env: Any) -> None:
+    tenant_named(dev_data, "partner-eval")["quota"]["nvidia.com/gpu.shared"] = 2
+    path = write_env(dev_data)
+    data = json.loads(runner.invoke(app, ["plan", "--env", str(path), "--json"]).stdout)
+    assert data["tenancy"]["dev-metal"]["partner-eval"]["guaranteed"]["nvidia.com/gpu.shared"] == 0
+    (why,) = [w for w in data["warnings"] if "withheld" in w]
+    assert "partner-eval (untrusted): quota 2 nvidia.com/gpu.shared withheld in cluster dev-metal" in why
+    assert "untrusted-tenants-hardware-isolated" in why
+    for command in ("plan", "validate"):
+        text = runner.invoke(app, [command, "--env", str(path)], env={"COLUMNS": "300"})
+        assert "quota 2 nvidia.com/gpu.shared withheld" in text.output, command
+    # A trusted tenant's quota on the same resource is given, and nothing is said about it.
+    trusted = json.loads(runner.invoke(app, ["plan", "--env", "dev", "--json"]).stdout)
+    assert trusted["tenancy"]["dev-metal"]["notebooks"]["guaranteed"]["nvidia.com/gpu.shared"] > 0
+    assert not [w for w in trusted["warnings"] if "withheld" in w]
 
 
 def test_env_takes_a_path() -> None:

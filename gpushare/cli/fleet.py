@@ -26,6 +26,23 @@ def _resolve(env: str, profiles: Path | None) -> ResolvedFleet:
     return resolve_env(env, profiles)
 
 
+def withheld_quota(tenancy: dict[str, ClusterTenancy]) -> list[str]:
+    """A warning per quota the environment gives an untrusted tenant that its Kueue queue does not: on a resource only
+    shared (time-sliced or MPS) pools of the cluster advertise, which untrusted tenants never get."""
+    notes = []
+    for cluster, ct in tenancy.items():
+        for share in ct.shares:
+            t = share.tenant
+            for resource, count in sorted(t.quota.items()):
+                if count and resource in share.nominal and not share.nominal[resource] and t.trust == "untrusted":
+                    notes.append(
+                        f"tenant {t.name} (untrusted): quota {count} {resource} withheld in cluster {cluster}: only "
+                        "shared (time-sliced or MPS) pools advertise it, and untrusted tenants get GPUs only from "
+                        "hardware-isolated ones; `gpushare check` fails untrusted-tenants-hardware-isolated until the "
+                        "quota names an exclusive or MIG resource")
+    return notes
+
+
 def validate_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = False) -> None:
     """Check an environment: schema, GPU models, MIG layouts, profiles, hosts, tenants and rendering."""
     from gpushare.core.guardrails import load_guardrails
@@ -38,12 +55,13 @@ def validate_command(env: EnvOption, profiles: ProfilesOption = None, as_json: J
         tenancy = fleet_tenancy(fleet, load_guardrails())
     except GpushareError as err:
         raise fail(err, as_json) from None
-    warnings = fleet.warnings + [w for ct in tenancy.values() for w in ct.warnings]
+    warnings = fleet.warnings + [w for ct in tenancy.values() for w in ct.warnings] + withheld_quota(tenancy)
     if as_json:
         print(json.dumps({"ok": True, "environment": fleet.environment, "errors": [], "warnings": warnings,
                           "files": sorted(rendered.files)}, indent=2))
         return
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(highlight=False)
     t = fleet.totals
@@ -53,7 +71,7 @@ def validate_command(env: EnvOption, profiles: ProfilesOption = None, as_json: J
         f"{t.advertised_total} schedulable GPU resources, {len(rendered.files)} files to render"
     )
     for w in warnings:
-        console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
+        console.print(f"[yellow]warning[/]: {escape(w)}", soft_wrap=True)
 
 
 def _fmt_resources(resources: dict[str, int]) -> str:
@@ -228,7 +246,7 @@ def plan_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonO
         tenancy = fleet_tenancy(fleet, load_guardrails())
     except GpushareError as err:
         raise fail(err, as_json) from None
-    warnings = fleet.warnings + [w for ct in tenancy.values() for w in ct.warnings]
+    warnings = fleet.warnings + [w for ct in tenancy.values() for w in ct.warnings] + withheld_quota(tenancy)
     if as_json:
         shares = {c: {s.tenant.name: {"guaranteed": s.nominal, "borrowable": s.borrowable} for s in ct.shares}
                   for c, ct in tenancy.items()}
@@ -237,6 +255,7 @@ def plan_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonO
                          indent=2))
         return
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(highlight=False)
     pools, tenants = [_pool_cells(p) for p in fleet.pools], _tenant_rows(tenancy)
@@ -250,7 +269,7 @@ def plan_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonO
     console.print("oversubscription = schedulable GPU resources / hardware units\n"
                   "(a hardware unit is a whole GPU or a MIG instance)")
     for w in warnings:
-        console.print(f"[yellow]warning[/]: {w}", soft_wrap=True)
+        console.print(f"[yellow]warning[/]: {escape(w)}", soft_wrap=True)
     console.print("full detail: gpushare plan --json")
 
 
