@@ -5,6 +5,7 @@ provable on a cluster."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import kubernetes_validate
@@ -12,7 +13,15 @@ import pytest
 
 from gpushare.core.namespaces import tenant_namespace_labels
 from gpushare.core.spec import SYSTEM_NAMESPACES
-from gpushare.policy.admission import NAMESPACE_POLICIES, POLICIES, Deployer, admission_objects
+from gpushare.policy.admission import (
+    DATA_POLICIES,
+    NAMESPACE_POLICIES,
+    POLICIES,
+    Deployer,
+    DraClaims,
+    PoolTaints,
+    admission_objects,
+)
 from tests.security.cel_admission import evaluate
 
 
@@ -23,7 +32,7 @@ def of_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any
 @pytest.mark.parametrize("version", ["1.31", "1.33"])
 def test_objects_pass_kubernetes_schema(version: str) -> None:
     objects = admission_objects(Deployer(users=("ci",), groups=("platform",)), ("kueue",))
-    assert set(of_kind(objects, "ValidatingAdmissionPolicy")) == {*POLICIES, *NAMESPACE_POLICIES}
+    assert set(of_kind(objects, "ValidatingAdmissionPolicy")) == {*POLICIES, *DATA_POLICIES, *NAMESPACE_POLICIES}
     for obj in objects:
         kubernetes_validate.validate(obj, version, strict=True)
     labels = tenant_namespace_labels("t", "untrusted", "batch", "restricted", "1.33")
@@ -33,7 +42,7 @@ def test_objects_pass_kubernetes_schema(version: str) -> None:
 
 def test_workload_policies_match_every_path_to_a_pod_spec() -> None:
     for name, policy in of_kind(admission_objects(), "ValidatingAdmissionPolicy").items():
-        if name in NAMESPACE_POLICIES:
+        if name in NAMESPACE_POLICIES or name in DATA_POLICIES:
             continue
         rules = {(g, r, op) for rule in policy["spec"]["matchConstraints"]["resourceRules"]
                  for g in rule["apiGroups"] for r in rule["resources"] for op in rule["operations"]}
@@ -92,3 +101,25 @@ def test_namespace_labels_carry_pod_security_at_the_cluster_minor() -> None:
         "pod-security.kubernetes.io/audit": "baseline", "pod-security.kubernetes.io/audit-version": "v1.31",
         "pod-security.kubernetes.io/warn": "baseline", "pod-security.kubernetes.io/warn-version": "v1.31",
     }
+
+
+# A fix: after the reason, what to do instead (an imperative after a colon, semicolon or full stop).
+FIX = re.compile(r"[:;.] (use|request|remove|set|label|leave|list|tolerate|rename|create|change|reference|prefer|"
+                 r"run)\b", re.IGNORECASE)
+
+
+def test_every_denial_says_how_to_fix_it() -> None:
+    every = admission_objects(pools=PoolTaints(taints=(("k", "v", "NoSchedule"),))) + admission_objects(
+        dra=DraClaims(templates={"t": ("gpushare-x",)}, isolated=("gpushare-x",)))
+    messages = {v["message"] for o in every if o["kind"] == "ValidatingAdmissionPolicy"
+                for v in o["spec"]["validations"]}
+    assert len(messages) > 30
+    assert [m for m in messages if not FIX.search(m)] == []
+    assert not FIX.search("privileged containers are not allowed in tenant namespaces")  # the check can fail
+
+
+def test_pool_taints_are_literals_gpushare_wrote() -> None:
+    """Taints come from the environment file (label syntax): anything that could break out of a CEL string is
+    refused rather than quoted."""
+    with pytest.raises(ValueError, match="CEL literal"):
+        admission_objects(pools=PoolTaints(taints=(("gpushare.io/pool", "a' || true || '", "NoSchedule"),)))

@@ -10,8 +10,9 @@ import yaml
 
 from gpushare.core.errors import GpushareError
 from gpushare.core.resolve import resolve_env
+from gpushare.core.tenancy import KUEUE_EXCLUDED_PREFIXES
 from gpushare.ops.preview import collect_plan
-from gpushare.policy.admission import NAMESPACE_POLICIES, POLICIES
+from gpushare.policy.admission import DATA_POLICIES, NAMESPACE_POLICIES, POLICIES
 from gpushare.program.components.tenancy import KUEUE_VERSION, check_kueue_values, kueue_chart_defaults
 from tests.conftest import ROOT
 from tests.test_infra_components import by_name, dev_config, plan_of, shipped
@@ -27,7 +28,9 @@ def test_kueue_is_pinned_with_metrics_on() -> None:
     config = yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
     defaults = yaml.safe_load(kueue_chart_defaults()["managerConfig"]["controllerManagerConfigYaml"])
     assert config["metrics"] == {**defaults["metrics"], "enableClusterQueueResources": True}
-    assert {k: v for k, v in config.items() if k != "metrics"} == {
+    # GPU-only queues: Kueue leaves the host resources every tenant pod asks for out of quota (docs/tenancy.md)
+    assert config["resources"] == {"excludeResourcePrefixes": list(KUEUE_EXCLUDED_PREFIXES)}
+    assert {k: v for k, v in config.items() if k not in ("metrics", "resources")} == {
         k: v for k, v in defaults.items() if k != "metrics"}  # nothing else of the chart's configuration changes
     for queue in plan.of_type("kueue.x-k8s.io/v1beta2:ClusterQueue"):
         assert kueue.urn in queue.dependencies
@@ -37,6 +40,8 @@ def test_existing_kueue_is_not_installed_again() -> None:
     plan = collect_plan("dev", dev_config(kueue={"mode": "existing"}))
     assert not [r for r in plan.of_type("helm.sh/v3:Release") if r.inputs["chart"].endswith("/kueue")]
     assert plan.of_type("kueue.x-k8s.io/v1beta2:LocalQueue")
+    # gpushare cannot configure a Kueue it did not install: it says what that Kueue needs to admit tenant work
+    assert any("excludeResourcePrefixes" in w and "'cpu', 'memory'" in w for w in plan.warnings)
 
 
 def test_unknown_kueue_value_is_refused() -> None:
@@ -81,7 +86,7 @@ def test_admission_policies_in_every_cluster() -> None:
         bindings = {r.inputs["metadata"]["name"] for r in plan.of_type(":ValidatingAdmissionPolicyBinding")
                     if plan.cluster_of(r) == cluster}
         assert policies == {b.inputs["spec"]["policyName"] for b in plan.of_type(":ValidatingAdmissionPolicyBinding")
-                            if plan.cluster_of(b) == cluster} == {*POLICIES, *NAMESPACE_POLICIES}
+                            if plan.cluster_of(b) == cluster} == {*POLICIES, *DATA_POLICIES, *NAMESPACE_POLICIES}
         assert "gpushare-no-visible-devices-env-trusted" in bindings  # the trusted tenants' Warn binding
 
 
@@ -138,3 +143,17 @@ def test_workload_priority_classes_carry_their_value() -> None:
     classes = by_name(shipped("dev"), "kueue.x-k8s.io/v1beta2:WorkloadPriorityClass")
     values = {r.inputs["metadata"]["name"]: r.inputs["value"] for r in classes.values()}
     assert values["gpushare-online"] > values["gpushare-batch"]
+
+
+def test_admission_follows_the_clusters_pools_and_kueue() -> None:
+    """The program hands admission the cluster's pool taints and the stack's Kueue identity: Kueue may lift its own
+    gate, and untrusted tenants may tolerate their own pools' taints only."""
+    kueue = {"mode": "existing", "namespace": "queues", "serviceAccount": "kq-manager"}
+    plan = plan_of(SECURITY_FIXTURE, {**MONITORING, "gpushare:kueue": kueue})
+    specs = {r.inputs["metadata"]["name"]: r.inputs["spec"] for r in plan.of_type(":ValidatingAdmissionPolicy")}
+    queued = " ".join(v["expression"] for v in specs["gpushare-gpu-pods-queued"]["validations"])
+    assert "'system:serviceaccount:queues:kq-manager'" in queued and "kueue-system" not in queued
+    pools = specs["gpushare-untrusted-pool-tolerations"]["validations"][0]["expression"]
+    assert "'partner/gpushare.io/pool=a100-mig:NoSchedule'" in pools
+    assert "'partner/gpushare.io/pool=l40s-shared:NoSchedule'" not in pools
+    assert "'value': 'l40s-shared'" in pools

@@ -224,3 +224,103 @@ def test_tenant_namespaces_never_carry_dra_admin_access(security_data: dict[str,
     for ns in by_kind(ct.objects, "Namespace").values():
         assert "resource.kubernetes.io/admin-access" not in ns["metadata"]["labels"]
         assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce-version"] == "v1.31"
+
+
+# ---------------------------------------------------------------- Kueue admits tenant work (the rendered objects)
+
+def limit_range_requests(objects: list[dict[str, Any]], namespace: str) -> dict[str, str]:
+    """What a container without requests asks for in the namespace: the rendered LimitRange's defaultRequest."""
+    (lr,) = [o for o in objects if o["kind"] == "LimitRange" and o["metadata"]["namespace"] == namespace]
+    (limits,) = lr["spec"]["limits"]
+    return dict(limits["defaultRequest"])
+
+
+def kueue_refusal(cluster_queue: dict[str, Any], requests: dict[str, Any], resources: dict[str, Any]) -> str | None:
+    """Why Kueue 0.19 would find no flavor for one pod's requests in this ClusterQueue, or None where one fits.
+    As its flavor assigner does (quotaCheckStrategy BlockUndeclared, the default): requests matching
+    excludeResourcePrefixes are dropped; every other resource must be covered by a resource group, and within a
+    group one flavor must hold all of the group's requests within nominal quota plus borrowing limit."""
+    excluded = resources.get("excludeResourcePrefixes", [])
+    counted = {r: q for r, q in requests.items() if not any(r.startswith(p) for p in excluded)}
+    groups = cluster_queue["spec"]["resourceGroups"]
+    for r in counted:
+        if not any(r in g["coveredResources"] for g in groups):
+            return f"resource {r} unavailable in ClusterQueue"
+    for g in groups:
+        wanted = {r: q for r, q in counted.items() if r in g["coveredResources"]}
+        if not wanted:
+            continue
+        fits = [f["name"] for f in g["flavors"] if all(e["nominalQuota"] + e["borrowingLimit"] >= wanted[e["name"]]
+                                                        for e in f["resources"] if e["name"] in wanted)]
+        if not fits:
+            return f"insufficient quota for {', '.join(sorted(wanted))}"
+    return None
+
+
+def shipped_kueue_resources(fleet: Any, cluster: str) -> dict[str, Any]:
+    """The `resources` of the Kueue Configuration the Pulumi program installs with this cluster's queues."""
+    from gpushare.program.components.tenancy import kueue_values
+
+    values = kueue_values(fleet, fleet.clusters[cluster])
+    config = yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
+    resources = config.get("resources", {})
+    assert isinstance(resources, dict)
+    return resources
+
+
+def tenant_gpu_pods(ct: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """Per tenant and GPU resource it may use: one pod's requests, a GPU plus its namespace's host defaults."""
+    out = []
+    for share in ct.shares:
+        defaults = limit_range_requests(ct.objects, share.tenant.namespace)
+        for r in sorted(r for r in share.nominal if share.nominal[r] or share.borrowable.get(r)):
+            out.append((share.tenant.name, r, {**defaults, r: 1}))
+    return out
+
+
+ENVS_AND_FIXTURE = [("dev", None), ("pilot", None), ("prod", None), ("fixture", SECURITY_FIXTURE)]
+
+
+@pytest.mark.parametrize(("env", "path"), ENVS_AND_FIXTURE, ids=[e for e, _ in ENVS_AND_FIXTURE])
+def test_kueue_admits_every_tenants_gpu_work(env: str, path: Any) -> None:
+    """Every tenant pod asks for cpu and memory (LimitRange defaults), which the GPU-only queues do not cover: the
+    Kueue Configuration gpushare installs leaves them out, so each GPU a tenant may use finds a flavor."""
+    fleet = resolve(path, PROFILES) if path else resolve_env(env)
+    checked = 0
+    for cluster, ct in fleet_tenancy(fleet, load_guardrails()).items():
+        resources = shipped_kueue_resources(fleet, cluster)
+        assert resources == ct.kueue_resources
+        queues = by_kind(ct.objects, "ClusterQueue")
+        for tenant, gpu, requests in tenant_gpu_pods(ct):
+            assert {"cpu", "memory"} <= set(requests)
+            assert kueue_refusal(queues[f"tenant-{tenant}"], requests, resources) is None, (cluster, tenant, gpu)
+            checked += 1
+    assert checked
+
+
+def test_without_the_exclusion_kueue_admits_no_tenant_work() -> None:
+    """The chart's own Configuration (no resources block): what stopped tenancy working."""
+    from gpushare.program.components.tenancy import kueue_chart_defaults
+
+    chart = yaml.safe_load(kueue_chart_defaults()["managerConfig"]["controllerManagerConfigYaml"])
+    ct = cluster_tenancy(resolve_env("dev"), "dev-metal", load_guardrails())
+    queues = by_kind(ct.objects, "ClusterQueue")
+    pods = tenant_gpu_pods(ct)
+    assert pods
+    for tenant, _, requests in pods:
+        refusal = kueue_refusal(queues[f"tenant-{tenant}"], requests, chart.get("resources", {}))
+        assert refusal is not None and refusal.startswith("resource cpu unavailable")
+
+
+def test_kueue_still_counts_what_is_not_a_host_resource() -> None:
+    """Only host resources are left out: a CPU-only pod counts nothing and is admitted at once, a GPU beyond the
+    tenant's quota or a resource no queue covers is still refused (never admitted unaccounted)."""
+    ct = cluster_tenancy(resolve_env("dev"), "dev-metal", load_guardrails())
+    queue = by_kind(ct.objects, "ClusterQueue")["tenant-search"]
+    defaults = limit_range_requests(ct.objects, "search-inference")
+    host = {**defaults, "ephemeral-storage": "1Gi", "hugepages-2Mi": "64Mi"}
+    assert kueue_refusal(queue, host, ct.kueue_resources) is None
+    assert kueue_refusal(queue, {**defaults, "example.com/fpga": 1}, ct.kueue_resources) == (
+        "resource example.com/fpga unavailable in ClusterQueue")
+    assert kueue_refusal(queue, {**defaults, "nvidia.com/mig-3g.40gb": 99}, ct.kueue_resources) == (
+        "insufficient quota for nvidia.com/mig-3g.40gb")

@@ -15,6 +15,14 @@ POD_SECURITY_MODES = ("enforce", "audit", "warn")
 DRA_ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+# Kueue's names (0.19): the LocalQueue label it queues a workload by, the scheduling gate its webhook puts on the pods
+# it manages until it admits them, and the label naming a workload's WorkloadPriorityClass.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+WORKLOAD_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+# The RuntimeClass the GPU Operator creates for the one runtime gpushare configures (its containerd drop-in adds only
+# "nvidia"): the only one untrusted tenants may name.
+RUNTIME_CLASSES = ("nvidia",)
 
 
 def pod_security_labels(level: str, kubernetes_version: str) -> dict[str, str]:

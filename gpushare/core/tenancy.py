@@ -63,6 +63,29 @@ class ClusterTenancy:
     over_capacity: list[Problem] = field(default_factory=list)  # guaranteed quota above what the pools advertise
     # Kueue Configuration resources.deviceClassMappings (DRA clusters only; the Kueue install carries it).
     device_class_mappings: list[dict[str, Any]] = field(default_factory=list)
+    # Per tenant, the pools (flavors) its ClusterQueue may admit work onto: quota or a borrowing limit there.
+    tenant_pools: dict[str, list[str]] = field(default_factory=dict)
+    # Per pool, its nodes' taints as (key, value, effect): what the pool's ResourceFlavor tolerates.
+    pool_taints: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
+
+    @property
+    def kueue_resources(self) -> dict[str, Any]:
+        return kueue_resources(self.device_class_mappings)
+
+
+# Kueue refuses a workload asking for a resource its ClusterQueue does not cover, and every tenant pod asks for cpu
+# and memory (the LimitRange defaults). The queues hold GPU quota only: the environment file says nothing about
+# host CPU and memory, which the LimitRange bounds per container and the scheduler places. So Kueue is told to leave
+# the host resources out (a prefix: hugepages-<size>); any other resource a pod names still needs a covered quota.
+KUEUE_EXCLUDED_PREFIXES = ("cpu", "memory", "ephemeral-storage", "hugepages-")
+
+
+def kueue_resources(device_class_mappings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `resources` block of Kueue's Configuration that gpushare's queues need."""
+    out: dict[str, Any] = {"excludeResourcePrefixes": list(KUEUE_EXCLUDED_PREFIXES)}
+    if device_class_mappings:
+        out["deviceClassMappings"] = device_class_mappings
+    return out
 
 
 def _flavors(pools: list[ResolvedPool]) -> list[Flavor]:
@@ -196,10 +219,11 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
 
     for f in flavors:
         spec: dict[str, Any] = {"nodeLabels": {"gpushare.io/pool": f.pool.name}}
-        taints = {(t.key, t.value, t.effect) for n in f.pool.nodes for t in n.taints}
+        taints: list[tuple[str, str, str]] = sorted({(t.key, t.value, t.effect) for n in f.pool.nodes
+                                                     for t in n.taints})
+        result.pool_taints[f.name] = taints
         if taints:
-            spec["tolerations"] = [{"key": k, "operator": "Equal", "value": v, "effect": e}
-                                   for k, v, e in sorted(taints)]
+            spec["tolerations"] = [{"key": k, "operator": "Equal", "value": v, "effect": e} for k, v, e in taints]
         objects.append({"apiVersion": KUEUE_API, "kind": "ResourceFlavor",
                         "metadata": {"name": f.name, "labels": MANAGED}, "spec": spec})
 
@@ -207,6 +231,8 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
     placement = _place_quota(flavors, shares)
     for share in shares:
         t = share.tenant
+        result.tenant_pools[t.name] = sorted({flavor for (flavor, _), (nominal, borrow)
+                                              in placement.get(t.name, {}).items() if nominal or borrow})
         objects.append(_cluster_queue(f"tenant-{t.name}", groups, placement.get(t.name, {}),
                                       {"gpushare.io/tenant": t.name}, {"matchLabels": {"gpushare.io/tenant": t.name}}))
         labels = {**MANAGED, **tenant_namespace_labels(t.name, t.trust, t.priority, t.pod_security,

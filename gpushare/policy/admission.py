@@ -5,7 +5,10 @@ Tenant namespaces carry the labels below (set by the tenancy component), which t
 `namespaceObject`. Workload policies judge pods (CREATE, UPDATE, and `pods/ephemeralcontainers`) and the pod
 templates of every built-in controller, written once over a `podSpec` variable picked by `object.kind`. On UPDATE
 only what changed against `oldObject` is judged, so a label or finalizer update of an existing pod is never
-refused. Namespace policies keep tenants from editing the labels that decide their own trust and Pod Security."""
+refused. Per cluster, the pool-toleration policy carries its pools' taints and the queue policy the identity of its
+Kueue controller (the only one that may lift Kueue's gate or resume a queued Job). A data policy judges untrusted
+tenants' ConfigMaps and Secrets, whose keys envFrom turns into variables no workload policy sees. Namespace
+policies keep tenants from editing the labels that decide their own trust, priority and Pod Security."""
 
 from __future__ import annotations
 
@@ -17,16 +20,21 @@ from gpushare.core import dra
 from gpushare.core.namespaces import (
     CDI_ANNOTATION_PREFIX,
     DRA_ADMIN_ACCESS_LABEL,
+    KUEUE_GATE,
     POD_SECURITY_PREFIX,
     PRIORITY_CLASSES,
     PRIORITY_LABEL,
+    QUEUE_LABEL,
+    RUNTIME_CLASSES,
     SHARED_TAINT_KEY,
     TENANT_LABEL,
     TRUST_LABEL,
     TRUSTED,
     VISIBLE_DEVICES_ENV,
+    WORKLOAD_PRIORITY_LABEL,
 )
 from gpushare.core.spec import SYSTEM_NAMESPACES
+from gpushare.core.tenancy import LOCAL_QUEUE, ClusterTenancy
 
 # Who may set a tenant namespace's trust, tenant and Pod Security labels; the Pulumi stack config can name others.
 DEFAULT_DEPLOYER_GROUPS = ("system:masters",)
@@ -59,6 +67,41 @@ DRA_EXTENDED_RESOURCE = dra.driver_facts().extended_resource_name
 # Kubernetes' DRAExtendedResource: `deviceclass.resource.kubernetes.io/<class>` in a container's resources asks the
 # scheduler for a claim on any DeviceClass, with no template and none of its shares or quota accounting.
 IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
+
+Taint = tuple[str, str, str]  # key, value, effect
+
+
+@dataclass(frozen=True)
+class PoolTaints:
+    """The taints of a cluster's pools, and per tenant name those of the pools its queue may admit work onto: an
+    untrusted tenant's pods may tolerate no other pool's taints (a tenant the map does not name: none at all)."""
+
+    taints: tuple[Taint, ...] = ()
+    allowed: Mapping[str, tuple[Taint, ...]] = field(default_factory=dict)
+
+
+def pool_taints(tenancy: ClusterTenancy) -> PoolTaints:
+    """A cluster's pool taints as its tenancy objects have them (the ResourceFlavors' tolerations): a tenant's own
+    pools are the flavors its ClusterQueue holds quota or a borrowing limit in, so Kueue, which adds a flavor's
+    tolerations when it admits a workload there, only ever adds allowed ones."""
+    every = tuple(sorted({t for taints in tenancy.pool_taints.values() for t in taints}))
+    allowed = {tenant: tuple(sorted({t for pool in pools for t in tenancy.pool_taints.get(pool, [])}))
+               for tenant, pools in tenancy.tenant_pools.items()}
+    return PoolTaints(taints=every, allowed=allowed)
+
+
+# Kueue's controller (chart 0.19.2 installed as release "kueue": ServiceAccount kueue-controller-manager in Kueue's
+# namespace) lifts its scheduling gate from the pods it admits and resumes the Jobs it admits.
+KUEUE_SERVICE_ACCOUNT = "kueue-controller-manager"
+
+
+def kueue_user(namespace: str = "kueue-system", service_account: str = KUEUE_SERVICE_ACCOUNT) -> str:
+    return f"system:serviceaccount:{namespace}:{service_account}"
+
+
+# The Job controller creates the pods of a Job Kueue admitted (by resuming the Job); Kueue gates none of them. Under
+# --use-service-account-credentials it is its own service account, otherwise the controller manager.
+JOB_CONTROLLER_USERS = ("system:serviceaccount:kube-system:job-controller", "system:kube-controller-manager")
 
 
 # ---------------------------------------------------------------- workload policies (pods and pod templates)
@@ -154,6 +197,251 @@ def _no_shared(field: str) -> str:
             f"c.resources.{field}.all(k, !k.endsWith('.shared'))")
 
 
+def _lit(value: str) -> str:
+    """A CEL string literal of a name gpushare wrote (label keys and values, resource and env names)."""
+    if "'" in value or "\\" in value:
+        raise ValueError(f"{value!r} cannot be a CEL literal here")
+    return f"'{value}'"
+
+
+def _strings(values: list[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(_lit(v) for v in values) + "]"
+
+
+def _labels(obj: str) -> str:
+    return f"(has({obj}.metadata.labels) ? {obj}.metadata.labels : {{}})"
+
+
+def _template_labels(template: str) -> str:
+    return f"(has({template}.metadata) && has({template}.metadata.labels) ? {template}.metadata.labels : {{}})"
+
+
+def _label(labels: str, key: str) -> str:
+    return f"({_lit(key)} in {labels} ? {labels}[{_lit(key)}] : '')"
+
+
+_TENANT_NAME = (f"(has(namespaceObject.metadata.labels) && '{TENANT_LABEL}' in namespaceObject.metadata.labels ? "
+                f"namespaceObject.metadata.labels['{TENANT_LABEL}'] : '')")
+_ONLINE_NAMESPACE = (f"(has(namespaceObject.metadata.labels) && '{PRIORITY_LABEL}' in namespaceObject.metadata.labels "
+                     f"&& namespaceObject.metadata.labels['{PRIORITY_LABEL}'] == 'online')")
+
+# ---- scheduling: tolerations of other pools' taints, pod affinity across namespaces
+
+_TOLERATION_VALUE = "(has(t.value) ? t.value : '')"
+_TOLERATION_EFFECT = "(has(t.effect) ? t.effect : '')"
+_TOLERATES_EVERYTHING = f"({_TOLERATION_KEY} == '' && {_TOLERATION_OPERATOR} == 'Exists')"
+
+
+def _tolerates(taint: str) -> str:
+    """Kubernetes' matching of toleration `t` to a taint (the key-less Exists, matching all, is judged apart)."""
+    return (f"({_TOLERATION_KEY} == {taint}.key && ({_TOLERATION_OPERATOR} == 'Exists' || "
+            f"{_TOLERATION_VALUE} == {taint}.value) && ({_TOLERATION_EFFECT} == '' || "
+            f"{_TOLERATION_EFFECT} == {taint}.effect))")
+
+
+def _taint_id(key: str, value: str, effect: str) -> str:
+    return f"{key}={value}:{effect}"
+
+
+def _pool_toleration_policy(pools: PoolTaints) -> dict[str, Any]:
+    taints = "[" + ", ".join(f"{{'key': {_lit(k)}, 'value': {_lit(v)}, 'effect': {_lit(e)}}}"
+                             for k, v, e in pools.taints) + "]"
+    # `tenant/key=value:effect`: tenant names are DNS labels, so the pair cannot be read two ways.
+    allowed = sorted(f"{tenant}/{_taint_id(*t)}" for tenant, own in pools.allowed.items() for t in own)
+    own = f"(variables.tenantName + '/' + x.key + '=' + x.value + ':' + x.effect) in {_strings(allowed)}"
+    return {
+        "bindings": [("", UNTRUSTED_ONLY, ["Deny"])],
+        "variables": [{"name": "tenantName", "expression": _TENANT_NAME}],
+        "validations": [
+            {
+                "expression": "!variables.untrusted || " + _each_new(
+                    "tolerations", "t", f"{taints}.all(x, {own} || !{_tolerates('x')})"),
+                "message": "untrusted tenants may tolerate only the taints of the pools their quota is in (a "
+                           "gpushare.io/pool or other taint of another pool lets a pod, a CPU-only one too, onto "
+                           "nodes dedicated to other tenants): remove the toleration; Kueue adds the tolerations of "
+                           "the pool it admits a workload onto",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": "!variables.untrusted || " + _each_new("tolerations", "t", f"!{_TOLERATES_EVERYTHING}"),
+                "message": "untrusted tenants may not tolerate every taint at once (a toleration with no key and "
+                           "operator Exists reaches every pool's nodes): tolerate the taints you need by key",
+                "reason": "Forbidden",
+            },
+        ],
+    }
+
+
+def _affinity_terms(affinity: str) -> str:
+    """Every pod (anti-)affinity term of an affinity: required ones and the terms of preferred ones."""
+    parts = []
+    for kind in ("podAffinity", "podAntiAffinity"):
+        rules = f"{affinity}.{kind}"
+        parts.append(f"(has({rules}) && has({rules}.requiredDuringSchedulingIgnoredDuringExecution) ? "
+                     f"{rules}.requiredDuringSchedulingIgnoredDuringExecution : [])")
+        parts.append(f"(has({rules}) && has({rules}.preferredDuringSchedulingIgnoredDuringExecution) ? "
+                     f"{rules}.preferredDuringSchedulingIgnoredDuringExecution.map(w, w.podAffinityTerm) : [])")
+    return " + ".join(parts)
+
+
+_AFFINITY_VARIABLES = [
+    {"name": "affinity", "expression": "has(variables.podSpec.affinity) ? variables.podSpec.affinity : {}"},
+    {"name": "oldAffinity", "expression": "has(variables.oldPodSpec.affinity) ? variables.oldPodSpec.affinity : {}"},
+    {"name": "affinityTerms", "expression": _affinity_terms("variables.affinity")},
+    {"name": "oldAffinityTerms", "expression": _affinity_terms("variables.oldAffinity")},
+]
+
+# ---- queues: GPU work through Kueue, its gate and suspension lifted by Kueue alone
+
+
+def _gpu_resource(key: str) -> str:
+    return f"({key}.startsWith('nvidia.com/') || {key}.startsWith('{IMPLICIT_EXTENDED_PREFIX}'))"
+
+
+def _asks_for_gpus(containers: str, claims: str) -> str:
+    return (f"{containers}.exists(c, has(c.resources) && ("
+            f"(has(c.resources.limits) && c.resources.limits.exists(k, {_gpu_resource('k')})) || "
+            f"(has(c.resources.requests) && c.resources.requests.exists(k, {_gpu_resource('k')})))) || "
+            f"size({claims}) > 0")
+
+
+def _queue_name(obj: str) -> str:
+    """The LocalQueue Kueue queues the object's pods by, read where Kueue 0.19 reads it: a Pod's and a Job's own
+    label, a CronJob's job template, a Deployment's or StatefulSet's own label (else their pods', which Kueue then
+    queues one by one), and a ReplicaSet's or DaemonSet's pod template (Kueue manages neither; their pods are plain
+    pods to it)."""
+    own = _labels(obj)
+    cron = _template_labels(f"{obj}.spec.jobTemplate")
+    template = _template_labels(f"{obj}.spec.template")
+    return (f"({obj}.kind in ['Pod', 'Job'] ? {_label(own, QUEUE_LABEL)} : "
+            f"{obj}.kind == 'CronJob' ? {_label(cron, QUEUE_LABEL)} : "
+            f"{obj}.kind in ['Deployment', 'StatefulSet'] && '{QUEUE_LABEL}' in {own} ? {own}['{QUEUE_LABEL}'] : "
+            f"{_label(template, QUEUE_LABEL)})")
+
+
+def _has_gate(obj: str) -> str:
+    return f"(has({obj}.spec.schedulingGates) && {obj}.spec.schedulingGates.exists(g, g.name == '{KUEUE_GATE}'))"
+
+
+def _suspended(obj: str) -> str:
+    return f"(has({obj}.spec.suspend) && {obj}.spec.suspend)"
+
+
+_QUEUE_VARIABLES = [
+    {"name": "gpu", "expression": _asks_for_gpus("variables.containers", "variables.resourceClaims")},
+    {"name": "oldGpu", "expression": _asks_for_gpus("variables.oldContainers", "variables.oldResourceClaims")},
+    {"name": "queueName", "expression": _queue_name("object")},
+    {"name": "oldQueueName", "expression": f"variables.isUpdate ? {_queue_name('oldObject')} : ''"},
+]
+_QUEUE_HOW = (f"label it {QUEUE_LABEL}: {LOCAL_QUEUE} (a Pod, Job, Deployment or StatefulSet itself, a CronJob's "
+              "jobTemplate, a ReplicaSet's or DaemonSet's pod template)")
+_WAITING = "`kubectl get workloads -n <namespace>` shows why the workload waits"
+
+
+def _queue_policy(kueue: str) -> dict[str, Any]:
+    """Kueue holds a tenant's GPU quota, its borrowing and the online work's reclaim: GPU work runs through it."""
+    # A pod of a Job, which Kueue leaves ungated and unlabelled: the Job it comes from was judged and queued.
+    job_pod = (f"object.kind == 'Pod' && request.operation == 'CREATE' && "
+               f"request.userInfo.username in {_strings(JOB_CONTROLLER_USERS)} && "
+               "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(o, "
+               "has(o.controller) && o.controller && o.kind == 'Job')")
+    return {
+        "variables": [*_QUEUE_VARIABLES, {"name": "jobPod", "expression": job_pod}],
+        "validations": [
+            {
+                "expression": f"!variables.gpu || variables.jobPod || variables.queueName == '{LOCAL_QUEUE}' || "
+                              "(variables.isUpdate && variables.oldGpu && variables.queueName == "
+                              "variables.oldQueueName)",
+                "message": "GPU workloads in tenant namespaces run through Kueue, which holds the tenant's quota, "
+                           f"borrowing and priority: {_QUEUE_HOW}",
+                "reason": "Forbidden",
+            },
+            {
+                # Kueue's webhook gates the pods it manages; a pod of a Job comes from the Job controller instead
+                # (a pod whose ownerReferences a tenant wrote would otherwise look like one to Kueue).
+                "expression": f"object.kind != 'Pod' || request.operation != 'CREATE' || !variables.gpu || "
+                              f"{_has_gate('object')} || variables.jobPod",
+                "message": f"a GPU pod starts gated by Kueue ({KUEUE_GATE}, added by Kueue's webhook) until Kueue "
+                           "admits it; this one is not, so no queue would count it: "
+                           f"{_QUEUE_HOW}, and set no ownerReferences on pods you create (a Job's pods come from "
+                           "the Job controller)",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": f"object.kind != 'Job' || request.operation != 'CREATE' || !variables.gpu || "
+                              f"{_suspended('object')}",
+                "message": "a GPU Job starts suspended until Kueue admits it (Kueue's webhook suspends the Jobs "
+                           f"labelled {QUEUE_LABEL}); this one is not, so it would run outside the queue: label the "
+                           f"Job {QUEUE_LABEL}: {LOCAL_QUEUE} and leave spec.suspend to Kueue",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": f"object.kind != 'Pod' || !variables.isUpdate || !{_has_gate('oldObject')} || "
+                              f"{_has_gate('object')} || request.userInfo.username == {_lit(kueue)}",
+                "message": f"only Kueue lifts its scheduling gate {KUEUE_GATE}, when it admits the workload: leave "
+                           f"spec.schedulingGates as they are ({_WAITING})",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": "object.kind != 'Job' || !variables.isUpdate || "
+                              "!(variables.gpu || variables.oldQueueName != '') || "
+                              f"!{_suspended('oldObject')} || {_suspended('object')} || "
+                              f"request.userInfo.username == {_lit(kueue)}",
+                "message": "only Kueue resumes a queued Job (spec.suspend: false), when it admits it: leave "
+                           f"spec.suspend to Kueue ({_WAITING})",
+                "reason": "Forbidden",
+            },
+        ],
+    }
+
+
+# ---- priority: Kueue's WorkloadPriorityClass label, wherever Kueue or its webhooks read it
+
+def _workload_priorities(obj: str) -> str:
+    """Every WorkloadPriorityClass label of the object: its own, its pod template's, a CronJob's job template's."""
+    def pick(labels: str) -> str:
+        return f"({_lit(WORKLOAD_PRIORITY_LABEL)} in {labels} ? [{labels}[{_lit(WORKLOAD_PRIORITY_LABEL)}]] : [])"
+    cron = pick(_template_labels(f"{obj}.spec.jobTemplate")) + " + " + pick(
+        _template_labels(f"{obj}.spec.jobTemplate.spec.template"))
+    return (f"{pick(_labels(obj))} + ({obj}.kind == 'Pod' ? [] : {obj}.kind == 'CronJob' ? {cron} : "
+            f"{pick(_template_labels(f'{obj}.spec.template'))})")
+
+
+_PRIORITY_VARIABLES = [
+    {"name": "workloadPriorities", "expression": _workload_priorities("object")},
+    {"name": "oldWorkloadPriorities",
+     "expression": f"variables.isUpdate ? {_workload_priorities('oldObject')} : []"},
+]
+
+# ---- the NVIDIA container toolkit's and the MPS client's environment
+
+# The toolkit (1.18) reads NVIDIA_* from a container's environment: capabilities (driver libraries and binaries
+# mounted), MIG config and monitor devices, IMEX channels, GDS, MOFED, NVSWITCH and GDRCOPY devices; CUDA_VERSION
+# without NVIDIA_REQUIRE_CUDA marks a legacy image, which gets every capability. CUDA_MPS_* point a CUDA client at
+# an MPS daemon. What stays allowed narrows the surface: requirements (non-empty: an empty NVIDIA_REQUIRE_CUDA would
+# make a CUDA image legacy), not checking them (only the tenant's own container fails), and the default capabilities.
+_DRIVER_ENV_FAMILIES = ("NVIDIA_", "CUDA_")
+_DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
+_BENIGN_CAPABILITIES = ("", "compute", "utility", "compute,utility", "utility,compute")
+
+
+def _driver_env_ok(name: str, literal: str, value: str, visible_devices_ok: bool = True) -> str:
+    """CEL: the variable `name` set to `value` (known where `literal` holds) leaves the driver surface as it is."""
+    free = ["NVIDIA_DISABLE_REQUIRE", *([VISIBLE_DEVICES_ENV] if visible_devices_ok else [])]
+    return (f"!({name}.startsWith('NVIDIA_') || {name}.startsWith('CUDA_MPS_') || {name} == 'CUDA_VERSION') || "
+            f"{name} in {_strings(free)} || ({literal} && (({name}.startsWith('NVIDIA_REQUIRE_') && {value} != '') "
+            f"|| ({name} == '{_DRIVER_CAPABILITIES}' && {value} in {_strings(_BENIGN_CAPABILITIES)})))")
+
+
+_ENV_VALUE = "(has(e.value) ? e.value : '')"
+_DRIVER_ENV_RULE = ("NVIDIA_* variables (driver capabilities beyond compute and utility, MIG config or monitor "
+                    "devices, IMEX channels, GDS, MOFED, NVSWITCH or GDRCOPY devices), CUDA_VERSION and CUDA_MPS_* "
+                    "(an MPS daemon's pipe or log directory) widen what the NVIDIA container toolkit and the CUDA "
+                    "client reach beyond the allocated GPU")
+_DRIVER_ENV_FIX = (f"remove them; NVIDIA_REQUIRE_* (non-empty), NVIDIA_DISABLE_REQUIRE and {_DRIVER_CAPABILITIES} "
+                   "with compute and utility stay allowed")
+
+
 # Bindings by trust: a label selector's NotIn also matches namespaces without the label (so: untrusted).
 ALL_TENANTS = "all"
 UNTRUSTED_ONLY = "untrusted"
@@ -175,7 +463,8 @@ POLICIES: dict[str, dict[str, Any]] = {
             {
                 "expression": _each_new("containers", "c", f"!({_PRIVILEGED})"),
                 "message": "privileged containers (of any kind: init, ephemeral) see every GPU on the node and are "
-                           "not allowed in tenant namespaces",
+                           "not allowed in tenant namespaces: remove securityContext.privileged and request GPUs "
+                           "through resources (nvidia.com/*)",
                 "reason": "Forbidden",
             },
             {
@@ -183,7 +472,8 @@ POLICIES: dict[str, dict[str, Any]] = {
                               f"!({_flag_added('hostNetwork')})",
                 "message": "hostPID, hostIPC and hostNetwork are not allowed in tenant namespaces (the host network "
                            "reaches the node's DCGM host engine on localhost:5555; only the MPS control daemon, "
-                           "outside tenant namespaces, shares the host's IPC)",
+                           "outside tenant namespaces, shares the host's IPC): remove them and reach other pods "
+                           "through Services",
                 "reason": "Forbidden",
             },
         ],
@@ -208,12 +498,12 @@ POLICIES: dict[str, dict[str, Any]] = {
                 "reason": "Forbidden",
             },
             {
+                # Tolerating every taint at once is gpushare-untrusted-pool-tolerations' to refuse.
                 "expression": "!variables.untrusted || " + _each_new(
-                    "tolerations", "t", f"{_TOLERATION_KEY} != '{SHARED_TAINT_KEY}' && "
-                    f"!({_TOLERATION_KEY} == '' && {_TOLERATION_OPERATOR} == 'Exists')"),
+                    "tolerations", "t", f"{_TOLERATION_KEY} != '{SHARED_TAINT_KEY}'"),
                 "message": f"untrusted tenants may not tolerate {SHARED_TAINT_KEY} (GKE-managed shared GPU pools "
-                           "advertise shared GPUs as nvidia.com/gpu) nor every taint at once (a toleration with no "
-                           "key and operator Exists)",
+                           "advertise shared GPUs as nvidia.com/gpu): remove the toleration and request a MIG "
+                           "instance or a whole GPU",
                 "reason": "Forbidden",
             },
         ],
@@ -224,7 +514,8 @@ POLICIES: dict[str, dict[str, Any]] = {
                           "(variables.isUpdate && k in variables.oldPodAnnotations && "
                           "variables.oldPodAnnotations[k] == variables.podAnnotations[k]))",
             "message": f"{CDI_ANNOTATION_PREFIX}* annotations inject CDI devices past the device plugin and are not "
-                       "allowed on pods or pod templates in tenant namespaces: request GPUs through resources",
+                       "allowed on pods or pod templates in tenant namespaces: remove them and request GPUs through "
+                       "resources",
             "reason": "Forbidden",
         }],
     },
@@ -247,17 +538,28 @@ POLICIES: dict[str, dict[str, Any]] = {
         ],
     },
     "gpushare-tenant-priority-class": {
-        "validations": [{
-            "expression": f"(variables.isUpdate && {_PRIORITY} == {_OLD_PRIORITY}) || "
-                          f"({_PRIORITY} in ['{PRIORITY_CLASSES['online']}', '{PRIORITY_CLASSES['batch']}'] && "
-                          f"({_PRIORITY} != '{PRIORITY_CLASSES['online']}' || "
-                          f"(has(namespaceObject.metadata.labels) && "
-                          f"'{PRIORITY_LABEL}' in namespaceObject.metadata.labels && "
-                          f"namespaceObject.metadata.labels['{PRIORITY_LABEL}'] == 'online')))",
-            "message": f"pods and pod templates in tenant namespaces use {PRIORITY_CLASSES['batch']}, or "
-                       f"{PRIORITY_CLASSES['online']} where the tenant's priority is online",
-            "reason": "Forbidden",
-        }],
+        # The namespace's priority label is the environment file's; only the deployer changes it (namespace policy).
+        "variables": _PRIORITY_VARIABLES,
+        "validations": [
+            {
+                "expression": f"(variables.isUpdate && {_PRIORITY} == {_OLD_PRIORITY}) || "
+                              f"({_PRIORITY} in ['{PRIORITY_CLASSES['online']}', '{PRIORITY_CLASSES['batch']}'] && "
+                              f"({_PRIORITY} != '{PRIORITY_CLASSES['online']}' || {_ONLINE_NAMESPACE}))",
+                "message": f"pods and pod templates in tenant namespaces use {PRIORITY_CLASSES['batch']}, or "
+                           f"{PRIORITY_CLASSES['online']} where the tenant's priority is online: set "
+                           "spec.priorityClassName to one of them (the environment file sets the tenant's priority)",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": _each_new("workloadPriorities", "p", f"p == '{PRIORITY_CLASSES['batch']}' || "
+                                        f"(p == '{PRIORITY_CLASSES['online']}' && {_ONLINE_NAMESPACE})"),
+                "message": f"Kueue orders, preempts and reclaims by the WorkloadPriorityClass in "
+                           f"{WORKLOAD_PRIORITY_LABEL}: set it to {PRIORITY_CLASSES['batch']}, or "
+                           f"{PRIORITY_CLASSES['online']} where the tenant's priority is online, or leave it out "
+                           "(Kueue then reads the pods' priority class)",
+                "reason": "Forbidden",
+            },
+        ],
     },
     "gpushare-no-visible-devices-env": {
         # The toolkit's hardening is the real defence (images set the variable in their own ENV): a denial for
@@ -271,6 +573,74 @@ POLICIES: dict[str, dict[str, Any]] = {
             "reason": "Invalid",
         }],
     },
+    "gpushare-no-driver-env": {
+        # Denied for untrusted tenants, a warning for trusted ones (images set such variables in their own ENV,
+        # which admission cannot see; the hosts' toolkit configuration is the defence there).
+        "bindings": [("", UNTRUSTED_ONLY, ["Deny"]), ("-trusted", TRUSTED_ONLY, ["Warn", "Audit"])],
+        "validations": [
+            {
+                "expression": _each_new("containers", "c", "!has(c.env) || c.env.all(e, " + _driver_env_ok(
+                    "e.name", "!has(e.valueFrom)", _ENV_VALUE) + ")"),
+                "message": f"{_DRIVER_ENV_RULE}, and are not allowed for untrusted tenants in env of any "
+                           f"container: {_DRIVER_ENV_FIX}",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": _each_new("containers", "c", "!has(c.envFrom) || c.envFrom.all(f, !has(f.prefix) || "
+                                        f"!{_strings(_DRIVER_ENV_FAMILIES)}.exists(x, x.startsWith(f.prefix) || "
+                                        "f.prefix.startsWith(x)))"),
+                "message": "an envFrom prefix that starts an NVIDIA_ or CUDA_ name lets a ConfigMap or Secret key "
+                           "become one of the NVIDIA container toolkit's variables: use a prefix outside those, "
+                           "e.g. APP_",
+                "reason": "Forbidden",
+            },
+        ],
+    },
+    "gpushare-untrusted-runtime-class": {
+        "validations": [{
+            "expression": "!variables.untrusted || !has(variables.podSpec.runtimeClassName) || "
+                          f"variables.podSpec.runtimeClassName in {_strings(RUNTIME_CLASSES)} || "
+                          "(variables.isUpdate && has(variables.oldPodSpec.runtimeClassName) && "
+                          "variables.oldPodSpec.runtimeClassName == variables.podSpec.runtimeClassName)",
+            "message": f"untrusted tenants run under the node's default runtime or {', '.join(RUNTIME_CLASSES)} "
+                       "(the one gpushare configures and hardens); another runtimeClassName picks a runtime "
+                       f"handler nobody checked: remove runtimeClassName or set it to {RUNTIME_CLASSES[0]}",
+            "reason": "Forbidden",
+        }],
+    },
+    "gpushare-untrusted-no-inline-volumes": {
+        "validations": [
+            {
+                "expression": "!variables.untrusted || " + _each_new("volumes", "v", "!has(v.csi)"),
+                "message": "untrusted tenants may not mount inline CSI volumes (volumes[].csi): the CSI driver, "
+                           "not the API server, decides what they reach (host paths, other identities' secrets): "
+                           "use a persistentVolumeClaim, emptyDir, configMap, secret or projected volume",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": "!variables.untrusted || " + _each_new("volumes", "v", "!has(v.ephemeral)"),
+                "message": "untrusted tenants may not use generic ephemeral volumes (volumes[].ephemeral): the "
+                           "ephemeral volume controller creates their claims past the tenant's own rights on "
+                           "PersistentVolumeClaims: create a PersistentVolumeClaim and mount it by "
+                           "persistentVolumeClaim, or use emptyDir",
+                "reason": "Forbidden",
+            },
+        ],
+    },
+    "gpushare-untrusted-pod-affinity": {
+        "variables": _AFFINITY_VARIABLES,
+        "validations": [{
+            "expression": "!variables.untrusted || " + _each_new(
+                "affinityTerms", "t", "!has(t.namespaceSelector) && (!has(t.namespaces) || "
+                "t.namespaces.all(n, n == namespaceObject.metadata.name))"),
+            "message": "untrusted tenants' pod affinity and anti-affinity terms see their own namespace only (a "
+                       "namespaceSelector or another namespace steers pods next to other tenants' pods, or keeps "
+                       "theirs off nodes): leave namespaceSelector out and list no namespace but your own",
+            "reason": "Forbidden",
+        }],
+    },
+    "gpushare-untrusted-pool-tolerations": _pool_toleration_policy(PoolTaints()),
+    "gpushare-gpu-pods-queued": _queue_policy(kueue_user()),
     "gpushare-untrusted-env-from": {
         "bindings": [("", UNTRUSTED_ONLY, ["Warn", "Audit"])],
         "validations": [{
@@ -288,12 +658,6 @@ POLICIES: dict[str, dict[str, Any]] = {
 # ---------------------------------------------------------------- DRA clusters (docs/dra.md)
 
 _NO_CLAIMS_POLICY = "gpushare-no-resource-claims"
-_TENANT_NAME = (f"(has(namespaceObject.metadata.labels) && '{TENANT_LABEL}' in namespaceObject.metadata.labels ? "
-                f"namespaceObject.metadata.labels['{TENANT_LABEL}'] : '')")
-
-
-def _strings(values: list[str]) -> str:
-    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
 
 
 def _no_extended_gpu(field: str) -> str:
@@ -315,8 +679,9 @@ def dra_workload_policies(claims: DraClaims) -> dict[str, dict[str, Any]]:
                 "expression": _each_new("resourceClaims", "r", allowed),
                 "message": "on this DRA cluster a pod's spec.resourceClaims may only name a gpushare claim template "
                            "its tenant may use (resourceClaimTemplateName gpushare-<profile>; untrusted tenants "
-                           "only those of MIG or exclusive profiles); shared claims (resourceClaimName) are refused. "
-                           "`kubectl get resourceclaimtemplates` in the namespace lists them",
+                           "only those of MIG or exclusive profiles); shared claims (resourceClaimName) are refused: "
+                           "reference one of those templates (`kubectl get resourceclaimtemplates` in the namespace "
+                           "lists them)",
                 "reason": "Forbidden",
             }],
         },
@@ -359,14 +724,42 @@ def _dra_claims_policy() -> dict[str, Any]:
 DRA_CLAIMS_POLICY = "gpushare-dra-no-tenant-claims"
 
 
+# ---------------------------------------------------------------- data an envFrom can hand to a container
+
+def _data_keys_ok(field: str, literal: str, kept: bool) -> str:
+    """Every key of `field` is harmless as a variable, or (`kept`) an UPDATE leaves it as it was. Map lookups, not
+    list scans: a ConfigMap may hold many keys."""
+    value = f"object.{field}[k]" if literal != "false" else "''"
+    keep = (f"(request.operation == 'UPDATE' && has(oldObject.{field}) && k in oldObject.{field} && "
+            f"oldObject.{field}[k] == object.{field}[k]) || ") if kept else ""
+    return (f"(has(object.{field}) ? object.{field} : {{}}).all(k, {keep}"
+            f"{_driver_env_ok('k', literal, value, visible_devices_ok=False)})")
+
+
+# ConfigMaps' and Secrets' keys become variables through envFrom, which the workload policies cannot read: judged
+# where they are written. A ConfigMap's data is plain text, so its capabilities value can be checked; a Secret's and
+# binaryData are not read (a Secret's data is base64).
+DATA_POLICIES: dict[str, dict[str, Any]] = {
+    "gpushare-untrusted-no-driver-env-data": {
+        "validations": [{
+            # stringData is write-only (merged into data before it is stored): no old value to keep.
+            "expression": " && ".join([_data_keys_ok("data", "object.kind == 'ConfigMap'", kept=True),
+                                       _data_keys_ok("binaryData", "false", kept=True),
+                                       _data_keys_ok("stringData", "false", kept=False)]),
+            "message": f"ConfigMaps and Secrets of untrusted tenants may not hold keys named {VISIBLE_DEVICES_ENV} or "
+                       f"like the other variables envFrom would hand to the NVIDIA container toolkit unseen "
+                       f"({_DRIVER_ENV_RULE}): rename the key (e.g. APP_<name>); NVIDIA_REQUIRE_* and "
+                       f"{_DRIVER_CAPABILITIES}=compute,utility may stay in a ConfigMap",
+            "reason": "Forbidden",
+        }],
+    },
+}
+
 # ---------------------------------------------------------------- namespace policies
 
-def _labels(obj: str) -> str:
-    return f"(has({obj}.metadata.labels) ? {obj}.metadata.labels : {{}})"
-
-
 def _guarded(key: str) -> str:
-    return f"({key} in ['{TRUST_LABEL}', '{TENANT_LABEL}'] || {key}.startsWith('{POD_SECURITY_PREFIX}'))"
+    return (f"({key} in ['{TRUST_LABEL}', '{TENANT_LABEL}', '{PRIORITY_LABEL}'] || "
+            f"{key}.startsWith('{POD_SECURITY_PREFIX}'))")
 
 
 # A binding's namespaceSelector reads a Namespace's new labels, so removing the tenant label would escape it:
@@ -389,8 +782,9 @@ NAMESPACE_POLICIES: dict[str, dict[str, Any]] = {
             "expression": f"variables.labels.all(k, !{_guarded('k')} || "
                           "(k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k])) && "
                           f"variables.oldLabels.all(k, !{_guarded('k')} || k in variables.labels)",
-            "message": f"only gpushare's deployer sets a tenant namespace's {TRUST_LABEL}, {TENANT_LABEL} and "
-                       f"{POD_SECURITY_PREFIX}* labels: change the tenant in the environment file instead",
+            "message": f"only gpushare's deployer sets a tenant namespace's {TRUST_LABEL}, {TENANT_LABEL}, "
+                       f"{PRIORITY_LABEL} and {POD_SECURITY_PREFIX}* labels (admission trusts them): change the "
+                       "tenant in the environment file instead",
             "reason": "Forbidden",
         }],
     },
@@ -399,7 +793,7 @@ NAMESPACE_POLICIES: dict[str, dict[str, Any]] = {
         "validations": [{
             "expression": f"!('{DRA_ADMIN_ACCESS_LABEL}' in variables.labels)",
             "message": f"tenant namespaces never carry {DRA_ADMIN_ACCESS_LABEL}: DRA admin access reaches devices "
-                       "that other pods hold",
+                       "that other pods hold: remove the label (device monitoring runs outside tenant namespaces)",
             "reason": "Forbidden",
         }],
     },
@@ -445,11 +839,18 @@ def excluded_namespaces(extra: tuple[str, ...] = ()) -> list[str]:
     return sorted({*SYSTEM_NAMESPACES, *extra})
 
 
-def workload_policies(dra: DraClaims | None = None) -> dict[str, dict[str, Any]]:
-    """The workload policies of a cluster: device-plugin clusters refuse every claim, DRA clusters judge them."""
+def workload_policies(dra: DraClaims | None = None, pools: PoolTaints | None = None,
+                      kueue: str | None = None) -> dict[str, dict[str, Any]]:
+    """The workload policies of a cluster: device-plugin clusters refuse every claim, DRA clusters judge them; the
+    pool tolerations follow the cluster's pools, the queue policy names the cluster's Kueue."""
+    out = dict(POLICIES)
+    if pools is not None:
+        out["gpushare-untrusted-pool-tolerations"] = _pool_toleration_policy(pools)
+    if kueue is not None:
+        out["gpushare-gpu-pods-queued"] = _queue_policy(kueue)
     if dra is None:
-        return POLICIES
-    return {**{k: v for k, v in POLICIES.items() if k != _NO_CLAIMS_POLICY}, **dra_workload_policies(dra)}
+        return out
+    return {**{k: v for k, v in out.items() if k != _NO_CLAIMS_POLICY}, **dra_workload_policies(dra)}
 
 
 def _tenant_selector(excluded: list[str], trust: str = ALL_TENANTS) -> dict[str, Any]:
@@ -460,15 +861,21 @@ def _tenant_selector(excluded: list[str], trust: str = ALL_TENANTS) -> dict[str,
     ]}}
 
 
+_DATA_RULES = [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps", "secrets"],
+                "operations": ["CREATE", "UPDATE"]}]
+
+
 def admission_objects(deployer: Deployer | None = None, system_namespaces: tuple[str, ...] = (),
-                      dra: DraClaims | None = None) -> list[dict[str, Any]]:
+                      dra: DraClaims | None = None, pools: PoolTaints | None = None,
+                      kueue: str | None = None) -> list[dict[str, Any]]:
     """The ValidatingAdmissionPolicy and binding objects, as Kubernetes manifests. `system_namespaces` adds the
     namespaces a stack deploys infrastructure into (operator, Kueue, monitoring) to those never selected; `dra`
-    (DRA clusters only) the claim templates tenants may reference."""
+    (DRA clusters only) the claim templates tenants may reference; `pools` the cluster's pool taints (pool_taints;
+    none by default); `kueue` the user name of Kueue's controller (kueue_user; the installed chart's by default)."""
     deployer = deployer or Deployer()
     excluded = excluded_namespaces(system_namespaces)
     out: list[dict[str, Any]] = []
-    for name, policy in workload_policies(dra).items():
+    for name, policy in workload_policies(dra, pools, kueue).items():
         out.append(_policy(name, {
             "failurePolicy": "Fail",
             "matchConstraints": {"resourceRules": [dict(r) for r in _WORKLOAD_RULES]},
@@ -482,6 +889,11 @@ def admission_objects(deployer: Deployer | None = None, system_namespaces: tuple
         claims["matchConditions"].append(_deployer_condition(deployer))
         out.append(_policy(DRA_CLAIMS_POLICY, claims))
         out.append(_binding(DRA_CLAIMS_POLICY, DRA_CLAIMS_POLICY, ["Deny"], _tenant_selector(excluded)))
+    for name, policy in DATA_POLICIES.items():
+        out.append(_policy(name, {"failurePolicy": "Fail",
+                                  "matchConstraints": {"resourceRules": [dict(r) for r in _DATA_RULES]},
+                                  "validations": policy["validations"]}))
+        out.append(_binding(name, name, ["Deny"], _tenant_selector(excluded, UNTRUSTED_ONLY)))
     for name, policy in NAMESPACE_POLICIES.items():
         conditions = [dict(_TENANT_NAMESPACE_CONDITION)]
         if policy["deployer_exempt"]:

@@ -13,7 +13,7 @@ from pydantic.alias_generators import to_camel
 
 from gpushare.core import spec
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.policy.admission import DEFAULT_DEPLOYER_GROUPS, Deployer
+from gpushare.policy.admission import DEFAULT_DEPLOYER_GROUPS, KUEUE_SERVICE_ACCOUNT, Deployer
 
 NAMESPACE = "gpushare"
 
@@ -35,6 +35,10 @@ class KueueSettings(_Settings):
         "install", description="install: this program installs Kueue (chart pinned, metrics on); existing: Kueue "
         "already runs in the cluster (only gpushare's flavors and queues are created).")
     namespace: str = "kueue-system"
+    service_account: str = Field(
+        KUEUE_SERVICE_ACCOUNT, description="Kueue's controller ServiceAccount in that namespace (the chart names it "
+        "<release>-controller-manager): the only identity admission lets lift Kueue's scheduling gate from tenant "
+        "pods and resume queued Jobs.")
 
 
 class DeployerSettings(_Settings):

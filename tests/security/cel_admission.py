@@ -7,6 +7,7 @@ defaulting are not modelled: only a real cluster proves those."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import celpy
@@ -17,25 +18,44 @@ RESOURCES = {
     "Pod": ("", "pods"), "Namespace": ("", "namespaces"), "Deployment": ("apps", "deployments"),
     "StatefulSet": ("apps", "statefulsets"), "DaemonSet": ("apps", "daemonsets"),
     "ReplicaSet": ("apps", "replicasets"), "Job": ("batch", "jobs"), "CronJob": ("batch", "cronjobs"),
+    "ConfigMap": ("", "configmaps"), "Secret": ("", "secrets"),
     "ResourceClaim": ("resource.k8s.io", "resourceclaims"),
     "ResourceClaimTemplate": ("resource.k8s.io", "resourceclaimtemplates"),
 }
 
 
+_CELPY = celpy.Environment()
+
+
+# Compiling is most of the suite's time and an expression's program does not depend on the request: once each.
+@cache
+def _celpy_program(expression: str) -> Any:
+    return _CELPY.program(_CELPY.compile(expression))
+
+
+@cache
+def _google_program(names: tuple[str, ...], expression: str) -> Any:
+    return _google_env(names).compile(expression)
+
+
+@cache
+def _google_env(names: tuple[str, ...]) -> Any:
+    return cel.NewEnv(variables={**{k: cel.Type.DYN for k in names}, "variables": cel.Type.DYN})
+
+
 def eval_celpy(expressions: list[str], variables: list[dict[str, str]], data: dict[str, Any]) -> list[bool]:
-    env = celpy.Environment()
     activation: dict[str, Any] = {k: celpy.json_to_cel(v) for k, v in data.items()}
     values: dict[Any, Any] = {}
     activation["variables"] = celpy.celtypes.MapType(values)
     for var in variables:
-        value = env.program(env.compile(var["expression"])).evaluate(activation)
+        value = _celpy_program(var["expression"]).evaluate(activation)
         if isinstance(value, celpy.CELEvalError):
             raise AssertionError(f"cel-python: variable {var['name']}: {value}")
         values[celpy.celtypes.StringType(var["name"])] = value
         activation["variables"] = celpy.celtypes.MapType(values)
     out = []
     for expression in expressions:
-        result = env.program(env.compile(expression)).evaluate(activation)
+        result = _celpy_program(expression).evaluate(activation)
         if not isinstance(result, celpy.celtypes.BoolType):
             raise AssertionError(f"cel-python: {expression!r} gave {result!r}, not a bool")
         out.append(bool(result))
@@ -43,13 +63,13 @@ def eval_celpy(expressions: list[str], variables: list[dict[str, str]], data: di
 
 
 def eval_google(expressions: list[str], variables: list[dict[str, str]], data: dict[str, Any]) -> list[bool]:
-    env = cel.NewEnv(variables={**{k: cel.Type.DYN for k in data}, "variables": cel.Type.DYN})
+    names = tuple(sorted(data))
     scope: dict[str, Any] = {**data, "variables": {}}
     for var in variables:
-        scope["variables"][var["name"]] = env.compile(var["expression"]).eval(data=scope).plain_value()
+        scope["variables"][var["name"]] = _google_program(names, var["expression"]).eval(data=scope).plain_value()
     out = []
     for expression in expressions:
-        result = env.compile(expression).eval(data=scope).plain_value()
+        result = _google_program(names, expression).eval(data=scope).plain_value()
         if not isinstance(result, bool):
             raise AssertionError(f"cel-expr-python: {expression!r} gave {result!r}, not a bool")
         out.append(result)

@@ -22,7 +22,7 @@ from gpushare.policy.admission import (
     workload_policies,
 )
 from tests.security.cel_admission import Request, admit
-from tests.security.tenants import CONTROLLERS, controller
+from tests.security.tenants import CONTROLLERS, controller, kueue_webhook
 from tests.security.test_attacks import ALLOW, main, ns_for, pod
 
 MIG = "gpushare-mig-balanced-1g.10gb"
@@ -64,14 +64,14 @@ def pod_request(tenant: str, change: Callable[[dict[str, Any]], None], kind: str
                 trust: str | None = "keep") -> Callable[[], Request]:
     def build() -> Request:
         p = pod(tenant, change)
-        return Request(p if kind == "Pod" else controller(kind, p), ns_for(tenant, trust))
+        return Request(kueue_webhook(p if kind == "Pod" else controller(kind, p)), ns_for(tenant, trust))
     return build
 
 
 def claim_update(tenant: str, old: Callable[[dict[str, Any]], None], new: Callable[[dict[str, Any]], None]
                  ) -> Callable[[], Request]:
     def build() -> Request:
-        before = pod(tenant, old)
+        before = kueue_webhook(pod(tenant, old))
         after = copy.deepcopy(before)
         new(after)
         return Request(after, ns_for(tenant), operation="UPDATE", old_object=before)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.namespaces import DRA_ADMIN_ACCESS_LABEL, TENANT_LABEL, TRUST_LABEL
+from gpushare.core.namespaces import DRA_ADMIN_ACCESS_LABEL, PRIORITY_LABEL, TENANT_LABEL, TRUST_LABEL
 from gpushare.policy.admission import Deployer, admission_objects
 from tests.security.cel_admission import Request, admit, namespace
 from tests.security.tenants import policy_objects, tenant_namespace
@@ -56,8 +56,11 @@ def relabel(tenant: str, user: User, set_: dict[str, str] | None = None,
     ({"pod-security.kubernetes.io/enforce-version": "v1.24"}, ()),
     ({}, ("pod-security.kubernetes.io/warn",)),
     ({"pod-security.kubernetes.io/exempt": "true"}, ()),
+    # the priority-class policy trusts this label: a batch tenant relabelling itself online would preempt others
+    ({PRIORITY_LABEL: "online"}, ()),
+    ({}, (PRIORITY_LABEL,)),
 ], ids=["trust-raised", "trust-removed", "tenant-renamed", "tenant-removed", "enforce-privileged",
-        "enforce-version-old", "warn-removed", "new-pod-security-key"])
+        "enforce-version-old", "warn-removed", "new-pod-security-key", "priority-raised", "priority-removed"])
 def test_tenant_cannot_change_guarded_labels(set_: dict[str, str], remove: tuple[str, ...]) -> None:
     assert relabel("partner", TENANT_USER, set_, remove) == (False, [LABELS_POLICY])
 
@@ -69,6 +72,10 @@ def test_tenant_may_add_its_own_labels() -> None:
 def test_deployer_changes_trust_and_pod_security() -> None:
     assert relabel("partner", DEPLOYER, {TRUST_LABEL: "trusted",
                                          "pod-security.kubernetes.io/enforce": "baseline"}) == (True, [])
+
+
+def test_deployer_changes_priority() -> None:
+    assert relabel("partner", DEPLOYER, {PRIORITY_LABEL: "online"}) == (True, [])
 
 
 def test_deployer_identity_comes_from_the_stack() -> None:

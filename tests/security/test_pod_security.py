@@ -14,7 +14,14 @@ import pytest
 from gpushare.core.namespaces import POD_SECURITY_MODES, POD_SECURITY_PREFIX
 from tests.security.cel_admission import Request, admit, namespace
 from tests.security.pod_security import violations
-from tests.security.tenants import CONTROLLERS, controller, example_pod, policy_objects, tenant_namespace
+from tests.security.tenants import (
+    CONTROLLERS,
+    controller,
+    example_pod,
+    kueue_webhook,
+    policy_objects,
+    tenant_namespace,
+)
 
 TENANTS = {"partner": "restricted", "serving": "baseline", "lab": "restricted"}
 
@@ -95,8 +102,8 @@ def test_example_pod_passes_restricted_and_admission(kind: str) -> None:
     obj = pod if kind == "Pod" else controller(kind, pod)
     assert violations(obj, level_of("partner")) == []
     ns = tenant_namespace("partner")
-    decision = admit(list(policy_objects()), Request(obj, namespace(ns["metadata"]["name"],
-                                                                    ns["metadata"]["labels"])))
+    decision = admit(list(policy_objects()), Request(kueue_webhook(obj), namespace(ns["metadata"]["name"],
+                                                                                  ns["metadata"]["labels"])))
     assert decision.allowed and not decision.warned, decision
     assert "nvidia.com/mig-1g.10gb" in pod["spec"]["containers"][0]["resources"]["limits"]
 

@@ -23,8 +23,8 @@ from gpushare.core import dra, spec
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet
-from gpushare.core.tenancy import ClusterTenancy, cluster_tenancy
-from gpushare.policy.admission import Deployer, DraClaims, admission_objects
+from gpushare.core.tenancy import KUEUE_EXCLUDED_PREFIXES, ClusterTenancy, cluster_tenancy, kueue_resources
+from gpushare.policy.admission import Deployer, DraClaims, admission_objects, kueue_user, pool_taints
 from gpushare.program.stack_config import KueueSettings
 
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
@@ -64,13 +64,13 @@ class TenancyArgs:
 
 def kueue_values(fleet: ResolvedFleet, cluster: spec.Cluster) -> dict[str, Any]:
     """Kueue's chart values: its Configuration exports pending work per ClusterQueue and resource (the recording
-    rules and `gpushare capacity` attribute demand to pools with it); on DRA clusters it also maps each gpushare
+    rules and `gpushare capacity` attribute demand to pools with it), leaves host cpu and memory out of quota (the
+    queues cover GPUs only, core.tenancy.KUEUE_EXCLUDED_PREFIXES); on DRA clusters it also maps each gpushare
     DeviceClass to the quota name the device-plugin path uses for the same profile, so one quota counts on both."""
     config = yaml.safe_load(kueue_chart_defaults()["managerConfig"]["controllerManagerConfigYaml"])
     config["metrics"] = {**config.get("metrics", {}), "enableClusterQueueResources": True}
-    mappings = dra.kueue_device_class_mappings(fleet, cluster.name)
-    if mappings:
-        config["resources"] = {**config.get("resources", {}), "deviceClassMappings": mappings}
+    config["resources"] = {**config.get("resources", {}),
+                           **kueue_resources(dra.kueue_device_class_mappings(fleet, cluster.name))}
     return {**KUEUE_VALUES, "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(config, sort_keys=False)}}
 
 
@@ -141,10 +141,16 @@ class Tenancy(pulumi.ComponentResource):
                 f"{name}-kueue", name="kueue", chart=KUEUE_CHART, version=KUEUE_VERSION,
                 namespace=args.kueue.namespace, create_namespace=True,
                 values=kueue_values(args.fleet, args.cluster), opts=k8s))
-        elif dra.kueue_device_class_mappings(args.fleet, args.cluster.name):
-            pulumi.log.warn(f"cluster {args.cluster.name} runs its own Kueue: add gpushare's deviceClassMappings "
-                            "(`gpushare plan`, docs/dra.md) to its Configuration, or DRA workloads stay inadmissible")
         else:
+            # gpushare cannot change a Kueue it did not install: say what its Configuration needs.
+            pulumi.log.warn(f"cluster {args.cluster.name} runs its own Kueue: its Configuration needs "
+                            f"resources.excludeResourcePrefixes {list(KUEUE_EXCLUDED_PREFIXES)} (gpushare's queues "
+                            "cover GPUs only and every tenant pod asks for cpu and memory, so Kueue would admit no "
+                            "tenant work; docs/tenancy.md)")
+            if dra.kueue_device_class_mappings(args.fleet, args.cluster.name):
+                pulumi.log.warn(f"cluster {args.cluster.name} runs its own Kueue: add gpushare's deviceClassMappings "
+                                "(`gpushare plan`, docs/dra.md) to its Configuration, or DRA workloads stay "
+                                "inadmissible")
             pulumi.log.info(f"cluster {args.cluster.name} runs its own Kueue: set metrics.enableClusterQueueResources "
                             "in its Configuration, or capacity splits pending work evenly (docs/capacity.md)")
 
@@ -178,7 +184,9 @@ class Tenancy(pulumi.ComponentResource):
 
         self._claim_templates(name, args, namespaces, k8s)
         excluded = (*args.infrastructure_namespaces, args.kueue.namespace)
-        for obj in admission_objects(args.deployer, excluded, dra_claims(args.fleet, args.cluster)):
+        kueue_identity = kueue_user(args.kueue.namespace, args.kueue.service_account)
+        for obj in admission_objects(args.deployer, excluded, dra_claims(args.fleet, args.cluster),
+                                     pool_taints(tenancy), kueue_identity):
             res_name = f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}"
             if obj["kind"] == "ValidatingAdmissionPolicy":
                 ValidatingAdmissionPolicy(res_name, metadata=_meta(obj), spec=obj["spec"], opts=k8s)
