@@ -4,6 +4,7 @@ writer killed with SIGKILL at random moments."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gpushare.cli import main
 from gpushare.core import files
 from gpushare.core.errors import GpushareError
 from tests.conftest import ROOT
@@ -47,6 +49,26 @@ def test_duplicate_keys_and_bad_syntax_are_located() -> None:
     assert "not valid YAML" in _error(files.parse_yaml, "a: [1\n", "f.yaml")
     assert "not valid YAML" in _error(files.parse_yaml, "a: !!python/object:os.system ['id']\n", "f.yaml")
 
+
+
+@pytest.mark.parametrize(("text", "line", "kind"), [
+    ("name: dev\n? [a, b]\n: 1\n", 2, "list"),
+    ("name: dev\n? {a: 1}\n: x\n", 2, "mapping"),
+    ("name: dev\npools:\n  - ? [x]\n    : 1\n", 3, "list"),
+    ("name: dev\n[a]: 1\n", 2, "list"),
+])
+def test_a_complex_key_is_a_located_error(text: str, line: int, kind: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert f"f.yaml:{line}: a mapping key is a {kind}" in _error(files.parse_yaml, text, "f.yaml")
+    # Through the CLI's boundary: exit 1 with the file and line, not an internal error (70).
+    path = tmp_path / "dev.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--env", str(path), "--json"])
+    assert exit_.value.code == 1
+    (problem,) = json.loads(capsys.readouterr().out)["problems"]
+    assert (problem["file"], problem["line"]) == (str(path), line) and problem["fix"]
+    assert files.parse_yaml("? plain\n: 1\n", "f.yaml") == {"plain": 1}  # an explicit plain key stays fine
 
 def test_only_regular_utf8_files_within_the_limit_are_read(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()

@@ -104,6 +104,11 @@ class MergeKey(Exception):
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
+class ComplexKey(Exception):
+    def __init__(self, kind: str, line: int) -> None:
+        self.kind, self.line = kind, line
+
+
 class NumberTooLong(Exception):
     def __init__(self, text: str, line: int) -> None:
         self.text, self.line = text, line
@@ -119,6 +124,9 @@ class StrictLoader(_Loader):
         for key_node, _ in node.value:
             if key_node.tag == _MERGE_TAG:  # checked before the base class flattens the merge away
                 raise MergeKey(key_node.start_mark.line + 1)
+            if not isinstance(key_node, yaml.ScalarNode):  # `? [a, b]` or `? {a: 1}`: no field is named so
+                raise ComplexKey("list" if isinstance(key_node, yaml.SequenceNode) else "mapping",
+                                 key_node.start_mark.line + 1)
             key = key_node.value
             if key in seen:
                 raise DuplicateKey(str(key), key_node.start_mark.line + 1)
@@ -183,6 +191,10 @@ def _parsed(load: Callable[[], Any], file: str) -> Any:
                                     "of its own here and a review of the change would not show it", file=file,
                                     line=merge.line, fix="write the keys out in this mapping (anchors and aliases "
                                     "of whole values stay allowed)")) from None
+    except ComplexKey as key:
+        raise GpushareError(Problem(f"a mapping key is a {key.kind} (a YAML complex key, `? ...`); every key gpushare "
+                                    "reads is a plain name", file=file, line=key.line,
+                                    fix="write the key as plain text, e.g. `name: value`")) from None
     except NumberTooLong as big:
         shown = big.text if len(big.text) <= 24 else f"{big.text[:12]}...({len(big.text)} digits)"
         raise GpushareError(Problem(f"number {shown} is longer than {MAX_INT_DIGITS} digits", file=file,
