@@ -335,15 +335,17 @@ def pool_pending_workloads_expr(pool: ResolvedPool, queues: list[str], reach: di
     """Pending Kueue demand of the queues that reach a pool, counted once over the pools. Kueue does not say which
     flavor a pending workload waits for, only (with metrics.enableClusterQueueResources, Kueue 0.18 and later) its
     queue's pending requests per resource: those of each resource the pool advertises are split evenly over the
-    pools the queue reaches that advertise it; a queue without them has its pending workloads split evenly over
-    every pool it reaches."""
+    pools the queue reaches that advertise it; a queue that has them, but none for what the pool advertises, adds 0
+    here (its work waits for resources other pools have); a queue without any has its pending workloads split
+    evenly over every pool it reaches."""
     parts = []
     for q in queues:
         by_resource = [_split(f'sum(kueue_cluster_queue_resource_pending{{cluster_queue="{q}", resource="{res}"}})',
                               sum(1 for p in reach[q] if res in p.totals.advertised))
                        for res in sorted(pool.totals.advertised)]
+        elsewhere = f'0 * count(kueue_cluster_queue_resource_pending{{cluster_queue="{q}"}})'
         workloads = _split(f'sum(kueue_pending_workloads{{cluster_queue="{q}"}})', len(reach[q]))
-        parts.append(f"(\n  {sum_present(by_resource)}\n) or ({workloads})")
+        parts.append(f"(\n  {sum_present(by_resource)}\n) or ({elsewhere}) or ({workloads})")
     return sum_present(parts)
 
 
