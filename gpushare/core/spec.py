@@ -431,7 +431,9 @@ class Taint(Strict):
 
 class Host(Strict):
     name: DnsName
-    address: Address = Field(description="Management address Ansible connects to: an IP address or a hostname.")
+    address: Address = Field(description="Management address Ansible connects to: an IP address or a hostname; never "
+                             "one that can only be the controller itself (loopback, unspecified, link-local, "
+                             "multicast, localhost). Two spellings of one address are one host.")
     gpu_model: GpuModelName | None = Field(
         None, description="NVML product name, alias or PCI id; defaults to the pool's.")
     gpu_count: int = Field(ge=1, le=16)
