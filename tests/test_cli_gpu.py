@@ -257,3 +257,33 @@ def test_discover_reads_gpus_and_matches_the_catalog(monkeypatch: pytest.MonkeyP
     human = run("discover")
     assert human.exit_code == 0
     assert "GPU 0: NVIDIA H100 80GB HBM3" in human.stdout and "1g.10gb@0" in human.stdout
+
+
+def test_gpus_lists_the_whole_catalog_by_every_name_lookup_takes() -> None:
+    from gpushare.cli import app as gpushare
+
+    catalog = load_catalog()
+    result = runner.invoke(gpushare, ["gpus", "--json"])
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.stdout)["gpus"]
+    assert sorted(g["name"] for g in listed) == sorted(catalog.models)
+    for gpu in listed:
+        for name in (gpu["name"], gpu["slug"], *gpu["aliases"], *gpu["pci_device_ids"]):
+            assert catalog.lookup(name).name == gpu["name"], name
+        assert bool(gpu["mig_profiles"]) == gpu["mig_capable"]
+    text = runner.invoke(gpushare, ["gpus"], env={"COLUMNS": "80"})
+    assert text.exit_code == 0 and all(len(line) <= 80 for line in text.stdout.splitlines())
+    assert "NVIDIA H100 80GB HBM3" in text.stdout and "gpushare mig profiles --gpu MODEL" in text.stdout
+
+
+def test_an_unknown_gpu_points_at_a_command_that_lists_them(tmp_path: Any) -> None:
+    from gpushare.cli import app as gpushare
+
+    result = run("mig", "profiles", "--gpu", "NVIDIA H99", "--json")
+    assert result.exit_code == 2 and "`gpushare gpus`" in json.loads(result.stdout)["errors"][0]
+    demand = tmp_path / "demand.yaml"
+    demand.write_text("gpus: [{model: NVIDIA H99}]\nworkloads: [{name: w, tenant: t, kind: batch, memory_gib: 4, "
+                      "compute: 0.1}]\n")
+    packed = runner.invoke(gpushare, ["pack", "--demand", str(demand), "--json"])
+    assert "`gpushare gpus`" in json.loads(packed.stdout)["problems"][0]["fix"]
+    assert runner.invoke(gpushare, ["gpus"]).exit_code == 0  # the command the hint names exists

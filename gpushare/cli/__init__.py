@@ -17,7 +17,7 @@ from gpushare.cli.capacity import capacity_command
 from gpushare.cli.check import check_command
 from gpushare.cli.common import fail
 from gpushare.cli.fleet import plan_command, render_command, schema_command, validate_command
-from gpushare.cli.gpu import discover_command, mig_app
+from gpushare.cli.gpu import discover_command, gpus_command, mig_app
 from gpushare.cli.init import init_command
 from gpushare.cli.pack import pack_command
 from gpushare.cli.preview import preview_command
@@ -37,6 +37,7 @@ app.command("validate")(validate_command)
 app.command("plan")(plan_command)
 app.command("render")(render_command)
 app.add_typer(mig_app, name="mig")
+app.command("gpus")(gpus_command)
 app.command("discover", help="List the local GPUs through NVML and match them to the catalog.")(discover_command)
 app.command("check")(check_command)
 app.command("capacity")(capacity_command)

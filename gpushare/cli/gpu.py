@@ -1,4 +1,4 @@
-"""`gpushare mig validate|profiles` and `gpushare discover`: the GPU-facing commands.
+"""`gpushare mig validate|profiles`, `gpushare gpus` and `gpushare discover`: the GPU-facing commands.
 
 Kept light on imports (typer, the catalog and the checker; Rich only for the profiles table) because
 `gpushare mig validate` runs in CI loops and must start cold well under half a second.
@@ -197,6 +197,34 @@ def profiles_command(gpu: GpuOption, json_out: JsonOption = False) -> None:
     for rule in model.combination_rules:
         together = " together with ".join(sorted(rule.profiles, reverse=True))
         console.print(f"{together} needs driver R{rule.min_driver_branch} or newer", markup=False)
+
+
+def catalog_document(model: GpuModel) -> dict[str, Any]:
+    return {"name": model.name, "slug": model.slug, "aliases": list(model.aliases),
+            "pci_device_ids": list(model.pci_device_ids), "gke_accelerator": model.gke_accelerator,
+            "memory_gib": model.memory_gib, "mig_capable": model.mig_capable,
+            "mig_profiles": list(model.profiles) if model.mig_capable else [], "confidence": model.confidence}
+
+
+def gpus_command(json_out: JsonOption = False) -> None:
+    """List every GPU model in the catalog: its names (NVML, slug, aliases, GKE accelerator, PCI ids), memory and
+    MIG profiles. Any of the names works wherever a GPU model is asked for."""
+    models = sorted(load_catalog().models.values(), key=lambda m: m.name)
+    if json_out:
+        _print_json({"gpus": [catalog_document(m) for m in models]})
+        return
+    from rich.console import Console
+
+    from gpushare.cli.common import print_records
+
+    rows = [{"model": m.name, "slug": m.slug, "memory": f"{m.memory_gib:g} GiB",
+             "MIG": ", ".join(m.profiles) if m.mig_capable else "no",
+             "also": ", ".join([*m.aliases, *([m.gke_accelerator] if m.gke_accelerator else [])]),
+             "PCI": ", ".join(m.pci_device_ids)} for m in models]
+    console = Console(highlight=False)
+    print_records(console, f"gpushare GPU catalog: {len(models)} models", ("model", "slug", "memory", "MIG", "also",
+                                                                           "PCI"), rows)
+    console.print("a model's MIG placements and driver minimums: gpushare mig profiles --gpu MODEL", markup=False)
 
 
 def discover_command(json_out: JsonOption = False) -> None:

@@ -187,7 +187,8 @@ class Catalog:
             hint = "known GPUs: " + ", ".join(self.models)
         return Problem(
             f"unknown GPU {query!r}; {hint}",
-            fix="give an NVML product name, an alias, a slug, a GKE accelerator name or a PCI device id",
+            fix="give an NVML product name, an alias, a slug, a GKE accelerator name or a PCI device id; "
+                "`gpushare gpus` lists every model with its names",
         )
 
 

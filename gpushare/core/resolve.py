@@ -227,7 +227,7 @@ class _Resolver:
             self._model_cache[query] = found
         if isinstance(found, GpushareError):
             self.err(loc, "; ".join(p.message for p in found.problems),
-                     fix="use an NVML product name, alias or PCI id from `gpushare mig profiles` / the catalog")
+                     fix="use an NVML product name, alias, slug or PCI id; `gpushare gpus` lists every model")
             return None
         return found
 

@@ -279,7 +279,7 @@ def plan_demand(demand: Demand, doc: Located | None = None, *, env: str | None =
                 message = f"unknown GPU {query!r}"
             except GpushareError as exc:
                 message = exc.problems[0].message
-        fix = "use an NVML name, alias, slug or PCI id (`gpushare mig profiles --gpu ...` lists MIG models)"
+        fix = "use an NVML name, alias, slug or PCI id; `gpushare gpus` lists every model"
         if from_option or doc is None:
             return Problem(message, path=f"--gpus[{i}]", fix=fix)
         return doc.problem(("gpus", i, "model"), message, fix)
