@@ -192,3 +192,35 @@ def test_error_text_in_brackets_is_printed_as_written(tmp_path: Path, dev_data: 
     result = runner.invoke(app, ["validate", "--env", str(path)], env={"COLUMNS": "300"})
     assert result.exit_code == 1
     assert "[bold]NVIDIA X[/]" in result.output
+
+
+def test_every_option_of_every_command_is_in_cli_md_and_no_other() -> None:
+    """docs/cli.md says each option is checked against `--help`: this is the check (a flag pair counts once)."""
+    import re
+
+    import typer
+
+    root = typer.main.get_command(app)
+    documented: dict[tuple[str, ...], set[str]] = {}
+    for row in (ROOT / "docs" / "cli.md").read_text().splitlines():
+        if not row.startswith("| `gpushare "):
+            continue
+        usage = row.split("`")[1].split()[1:]
+        command, path = root, []
+        while usage and usage[0] in getattr(command, "commands", {}):
+            command = command.commands[usage[0]]
+            path.append(usage.pop(0))
+        documented.setdefault(tuple(path), set()).update(re.findall(r"(?<![\w-])--[a-z][a-z-]*", " ".join(usage)))
+    wrong = {}
+    for path, said in documented.items():
+        command = root
+        for name in path:
+            command = command.commands[name]
+        options = [[o for o in p.opts + p.secondary_opts if o.startswith("--")] for p in command.params
+                   if p.param_type_name == "option"]
+        missing = [names[0] for names in options if not said & set(names)]
+        unknown = sorted(said - {o for names in options for o in names})
+        if missing or unknown:
+            wrong[" ".join(path)] = (missing, unknown)
+    assert wrong == {}
+    assert {" ".join(p) for p in documented} >= {"validate", "plan", "pack", "check", "gpus", "init"}
