@@ -19,6 +19,7 @@ from gpushare.core.guardrails import load_guardrails
 from gpushare.core.mig import check_layout, layout_from_counts
 from gpushare.core.resolve import ResolvedFleet, resolve
 from gpushare.ops.capacity import GIB, MigEvidence, PoolEvidence, Recommendation, recommend
+from gpushare.render.monitoring.promql import LEGACY_HOST_LABEL
 from tests.conftest import PROFILES
 from tests.prometheus.scenarios import PoolLoad, Scenario, backfill
 from tests.prometheus.server import prometheus_server
@@ -35,13 +36,14 @@ def _scenario(end: int) -> Scenario:
         # Two L40S replicas per GPU, all held, the GPUs ~15% busy, 4 GiB per pod: room for more replicas.
         PoolLoad("ts-underused", "NVIDIA L40S", 46068, {"under-1": 2, "under-2": 2}, "inference", util=0.15,
                  replicas=2, pod_memory_mib=4096, resource="nvidia_com_gpu_shared", queue="tenant-inference"),
-        # Same, but every pod holds 18 GiB: memory, not compute, limits the replicas.
+        # Same, but every pod holds 18 GiB: memory, not compute, limits the replicas. Its exporter predates
+        # 4.6.0-4.8.3 and writes Hostname, as does mig-idle's; the others write hostname.
         PoolLoad("ts-membound", "NVIDIA L40S", 46068, {"membound-1": 4}, "inference", util=0.1, replicas=2,
-                 pod_memory_mib=18432, resource="nvidia_com_gpu_shared"),
+                 pod_memory_mib=18432, resource="nvidia_com_gpu_shared", host_label=LEGACY_HOST_LABEL),
         # MIG 4g + 3g instances that hold 3 GiB and are 5% busy.
         PoolLoad("mig-idle", "NVIDIA H100 80GB HBM3", 81559, {"mig-1": 2, "mig-2": 2}, "llm", util=0.05,
                  swing=0.01, mig={"4g.40gb": (1, 40448), "3g.40gb": (1, 40448)}, pod_memory_mib=3072,
-                 queue="tenant-llm"),
+                 queue="tenant-llm", host_label=LEGACY_HOST_LABEL),
         # Four replicas per GPU, GPUs ~92% busy, 6 workloads waiting 30 minutes in Kueue.
         PoolLoad("ts-contended", "NVIDIA L40S", 46068, {"busy-1": 2, "busy-2": 2}, "batch", util=0.92,
                  swing=0.03, replicas=4, pod_memory_mib=4096, resource="nvidia_com_gpu_shared",
@@ -58,7 +60,7 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     day = 86400
     end = (int(time.time()) - 600 - day // 2) // day * day + day // 2
     backfill(_scenario(end), work, data)
-    # Earlier spans of the same TSDB (one server for the module): shared demand, and an exporter without Hostname.
+    # Earlier spans of the same TSDB (one server for the module): shared demand, and an exporter without hostname.
     backfill(_shared_demand(end - SHARED_DEMAND_AGO), work, data)
     backfill(_no_hostname(end - NO_HOSTNAME_AGO), work, data)
     backfill(_node_gap(end - NODE_GAP_AGO), work, data)
@@ -124,14 +126,15 @@ def _no_pool_label(end: int) -> Scenario:
 
 
 def _fqdn_hostname(end: int) -> Scenario:
-    """dcgm-exporter outside Kubernetes' NODE_NAME: Hostname is the host's FQDN, not the node's name."""
+    """dcgm-exporter outside Kubernetes' NODE_NAME: the node label is the host's FQDN, not the node's name (and an
+    exporter before 4.6.0-4.8.3 writes it as Hostname)."""
     return Scenario(start=end - 3600, end=end, pools=[
         PoolLoad("ts-underused", "NVIDIA L40S", 46068, {"under-1": 2}, "inference", util=0.3, replicas=2,
-                 resource="nvidia_com_gpu_shared", hostname_suffix=".lab.example.net")])
+                 resource="nvidia_com_gpu_shared", hostname_suffix=".lab.example.net", host_label=LEGACY_HOST_LABEL)])
 
 
 def _no_hostname(end: int) -> Scenario:
-    """dcgm-exporter started with --no-hostname: its series carry no Hostname label."""
+    """dcgm-exporter started with --no-hostname: its series carry no hostname label."""
     return Scenario(start=end - 3600, end=end, pools=[
         PoolLoad("ts-underused", "NVIDIA L40S", 46068, {"under-1": 2}, "inference", util=0.3, replicas=2,
                  resource="nvidia_com_gpu_shared", hostname=False)])
@@ -587,7 +590,7 @@ def test_dcgm_series_without_hostname_name_the_missing_label(prometheus: tuple[s
     code, data = _capacity(url, end - NO_HOSTNAME_AGO, "1h", tmp_path)
     assert code == 1
     error = data["errors"][0]
-    assert "DCGM series have no Hostname label" in error and 'UUID="GPU-under-1-0"' in error
+    assert "DCGM series have no hostname label" in error and 'UUID="GPU-under-1-0"' in error
     assert "--no-hostname" in error and "DCGM_EXPORTER_NO_HOSTNAME" in error and "NODE_NAME" in error
 
 
@@ -607,7 +610,7 @@ def test_hostnames_that_match_no_node_are_shown_beside_the_nodes(prometheus: tup
     code, data = _capacity(url, end - FQDN_HOSTNAME_AGO, "1h", tmp_path)
     assert code == 1
     error = data["errors"][0]
-    assert "Hostname values (e.g. under-1.lab.example.net) match no node" in error and "under-1)" in error
+    assert "hostname values (e.g. under-1.lab.example.net) match no node" in error and "under-1)" in error
     assert "NODE_NAME" in error
 
 
@@ -786,3 +789,41 @@ def test_demand_splits_only_over_the_pools_of_a_pools_own_cluster_as_the_live_ru
         assert all(e in pending for e in live.values()), record
     whole = exprs(prometheus_rule_groups(fleet, g), "gpushare:pool_pending_workloads:sum")["plugin-training"]
     assert whole.count("/ 2") and whole not in pending  # what the environment-wide rendering wrongly gave
+
+
+class _SeriesOnly:
+    """A Prometheus that answers /api/v1/series from fixed label sets (enough for diagnose_join's selectors)."""
+
+    url = "http://127.0.0.1:9"
+
+    def __init__(self, *series: dict[str, str]) -> None:
+        self._series = series
+
+    def series(self, name: str, selector: str, start: float, end: float) -> list[dict[str, Any]]:
+        import re
+
+        metric, body = re.fullmatch(r"(\w*)\{?(.*?)\}?", selector).groups()  # type: ignore[union-attr]
+        matchers = re.findall(r'(\w+)\s*(=~|!=|=)\s*"([^"]*)"', body)
+        if metric:
+            matchers.append(("__name__", "=", metric))
+
+        def holds(labels: dict[str, str], label: str, op: str, value: str) -> bool:
+            have = labels.get(label, "")
+            return {"=": have == value, "!=": have != value, "=~": re.fullmatch(value, have) is not None}[op]
+
+        return [{"metric": s} for s in self._series if all(holds(s, *m) for m in matchers)]
+
+
+@pytest.mark.parametrize(("dcgm", "says"), [
+    ({"hostname": "under-1.lab.example.net"}, "hostname values (e.g. under-1.lab.example.net) match no node"),
+    ({"Hostname": "under-1.lab.example.net"}, "hostname values (e.g. under-1.lab.example.net) match no node"),
+    ({}, "DCGM series have no hostname label (Hostname before dcgm-exporter 4.6.0-4.8.3)"),
+], ids=["hostname", "Hostname-older-exporter", "neither"])
+def test_join_diagnosis_reads_either_spelling_of_the_node_label(dcgm: dict[str, str], says: str) -> None:
+    from gpushare.ops.capacity import diagnose_join
+
+    prom = _SeriesOnly(
+        {"__name__": "DCGM_FI_DEV_GPU_UTIL", "UUID": "GPU-under-1-0", "gpu": "0", **dcgm},
+        {"__name__": "kube_node_labels", "node": "under-1", "label_gpushare_io_pool": "ts-underused"})
+    problem = diagnose_join(prom, resolve(ENV, PROFILES), "1h", time.time())  # type: ignore[arg-type]
+    assert says in str(problem)

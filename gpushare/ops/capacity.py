@@ -37,7 +37,7 @@ from gpushare.core.files import check_output_file, write_file
 from gpushare.core.guardrails import Guardrails, duration_seconds, load_guardrails
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve_env
 from gpushare.render.monitoring import rules as r
-from gpushare.render.monitoring.promql import alternatives, ksm_name
+from gpushare.render.monitoring.promql import HOST_LABEL, LEGACY_HOST_LABEL, alternatives, ksm_name
 
 GIB = 1024**3
 
@@ -1194,8 +1194,9 @@ def _series_text(sample: dict[str, Any]) -> str:
 
 
 def diagnose_join(prom: Prometheus, fleet: ResolvedFleet, window: str, at: float) -> Problem:
-    """Why no pool has GPU utilization: which series lack which label (dcgm-exporter's Hostname, kube-state-metrics'
-    node label) or do not match each other, and the exporter setting that fixes it."""
+    """Why no pool has GPU utilization: which series lack which label (dcgm-exporter's hostname, or Hostname from
+    exporters before 4.6.0-4.8.3; kube-state-metrics' node label) or do not match each other, and the exporter
+    setting that fixes it."""
     when = f"the {window} before {time.strftime('%Y-%m-%d %H:%M', time.gmtime(at))} UTC"
     pool_label = r.ksm_label(r.POOL_LABEL)
 
@@ -1209,14 +1210,16 @@ def diagnose_join(prom: Prometheus, fleet: ResolvedFleet, window: str, at: float
         return Problem(f"Prometheus at {prom.url} has no DCGM utilization series "
                        f"({DCGM_UTILIZATION.replace('|', ', ')}) in {when}",
                        fix="check --window and --end, and that dcgm-exporter is scraped")
-    hostless = some("DCGM series without Hostname", f'{{__name__=~"{DCGM_UTILIZATION}", Hostname=""}}')
+    hostless = some("DCGM series without hostname",
+                    f'{{__name__=~"{DCGM_UTILIZATION}", {HOST_LABEL}="", {LEGACY_HOST_LABEL}=""}}')
     if hostless:
         return Problem(
-            f"DCGM series have no Hostname label, so gpushare cannot tell which node (and pool) a GPU is on: "
+            f"DCGM series have no {HOST_LABEL} label ({LEGACY_HOST_LABEL} before dcgm-exporter 4.6.0-4.8.3), so "
+            f"gpushare cannot tell which node (and pool) a GPU is on: "
             f"{', '.join(map(_series_text, hostless))} in {when}",
             fix="run dcgm-exporter without --no-hostname (-n) and without DCGM_EXPORTER_NO_HOSTNAME=true; on "
-                "Kubernetes give it NODE_NAME from the pod's spec.nodeName (the GPU Operator does), so Hostname is the "
-                "node's name")
+                f"Kubernetes give it NODE_NAME from the pod's spec.nodeName (the GPU Operator does), so {HOST_LABEL} "
+                "is the node's name")
     nodes = some("kube_node_labels", "kube_node_labels")
     if not nodes:
         return Problem(f"Prometheus at {prom.url} has no kube_node_labels series in {when}",
@@ -1229,13 +1232,13 @@ def diagnose_join(prom: Prometheus, fleet: ResolvedFleet, window: str, at: float
             fix="start kube-state-metrics with --metric-labels-allowlist=nodes=[" +
                 ",".join(r.kube_state_metrics_label_allowlist()) + "] (Helm: metricLabelsAllowlist), and check that "
                 "`pulumi up` labelled the nodes")
-    hosts = sorted({str(s["metric"].get("Hostname")) for s in dcgm})
+    hosts = sorted({str(s["metric"].get(HOST_LABEL) or s["metric"].get(LEGACY_HOST_LABEL)) for s in dcgm})
     names = sorted({str(s["metric"].get("node")) for s in pooled})
     return Problem(
-        f"DCGM's Hostname values (e.g. {', '.join(hosts)}) match no node of kube_node_labels with a pool label (e.g. "
-        f"{', '.join(names)}) for any pool of {fleet.environment} in {when}",
-        fix="make dcgm-exporter's Hostname the Kubernetes node name (NODE_NAME from spec.nodeName on Kubernetes, or "
-            "the host's name equal to the node's), and check that the pools' names match the environment file")
+        f"DCGM's {HOST_LABEL} values (e.g. {', '.join(hosts)}) match no node of kube_node_labels with a pool label "
+        f"(e.g. {', '.join(names)}) for any pool of {fleet.environment} in {when}",
+        fix=f"make dcgm-exporter's {HOST_LABEL} the Kubernetes node name (NODE_NAME from spec.nodeName on Kubernetes, "
+            "or the host's name equal to the node's), and check that the pools' names match the environment file")
 
 
 def find_node_gaps(prom: Prometheus, fleet: ResolvedFleet, guardrails: Guardrails, evidence: dict[str, PoolEvidence],

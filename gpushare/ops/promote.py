@@ -47,7 +47,7 @@ from gpushare.core.resolve import (
 )
 from gpushare.ops.capacity import Prometheus, Proposal, dump_yaml, roundtrip_yaml
 from gpushare.render.monitoring import rules as r
-from gpushare.render.monitoring.promql import alternatives, ksm_label
+from gpushare.render.monitoring.promql import HOST_LABEL, HOST_LABELS, alternatives, dcgm_host, ksm_label
 
 DAY = 86400
 
@@ -236,7 +236,7 @@ def items(candidate: ResolvedFleet, source: str, step: str) -> list[Item]:
             continue
         if n.managed_by == "gke":
             continue
-        dcgm = (f"max by (Hostname) (max_over_time(DCGM_FI_DEV_GPU_TEMP{{DCGM_FI_DRIVER_VERSION=~"
+        dcgm = (f"max by ({HOST_LABELS}) (max_over_time(DCGM_FI_DEV_GPU_TEMP{{DCGM_FI_DRIVER_VERSION=~"
                 f"{_q(f'{n.driver_branch}[.].*')}, modelName={_q(n.gpu_model.name)}}}[{step}]))")
         expr = f"max(\n  {r.to_node(dcgm)}\n  and on (node) max by (node) ({_labelled(source, step)})\n)"
         add("driver branch", name, n.pool, expr)
@@ -340,7 +340,7 @@ class _Window:
         self.node_pool = f"max_over_time(({pools})[{self.window}:{self.step}])"
 
     def on_nodes(self, expr: str) -> str:
-        """A DCGM expression keyed by Hostname, kept on the source's nodes."""
+        """A DCGM expression keyed by hostname (or the older exporters' Hostname), kept on the source's nodes."""
         return f"(\n  {r.to_node(expr)}\n) and on (node) {self.nodes}"
 
     def reporting(self, prom: Prometheus, name: str, by_node: str, expected: dict[str, int],
@@ -393,7 +393,7 @@ def health_gates(prom: Prometheus, source: ResolvedFleet, guardrails: Guardrails
     gates = []
 
     def by_node(metric: str) -> str:
-        return r.to_node(f"max by (Hostname) (max_over_time({metric}[{step}]))")
+        return r.to_node(f"max by ({HOST_LABELS}) (max_over_time({metric}[{step}]))")
 
     # XIDs: the gauge holds the last XID (new where it changed), the exporter's counter counts them by xid.
     xid = "DCGM_FI_DEV_XID_ERRORS"
@@ -401,9 +401,11 @@ def health_gates(prom: Prometheus, source: ResolvedFleet, guardrails: Guardrails
     if policy.ignored_xids:
         kept += " unless (" + " or ".join(f"{xid} == {x}" for x in sorted(policy.ignored_xids)) + ")"
     changed = f"changes({xid}[{2 * duration_seconds(step)}s]) > 0"
-    gauge = w.on_nodes(f"max by (Hostname, UUID) (max_over_time(({kept} and {changed})[{window}:{step}]))")
+    gauge = w.on_nodes(f"max by ({HOST_LABELS}, UUID) (max_over_time(({kept} and {changed})[{window}:{step}]))")
     ignored = f'{{xid!~"{alternatives(map(str, policy.ignored_xids))}"}}' if policy.ignored_xids else ""
-    counter = w.on_nodes(f"sum by (Hostname, UUID, xid) (increase(DCGM_EXP_XID_ERRORS_COUNT{ignored}[{window}])) > 0")
+    # Summed after the spellings are merged: a GPU whose exporter was upgraded in the window counts all its XIDs.
+    counter = w.on_nodes(f"sum by ({HOST_LABEL}, UUID, xid) "
+                         f"({dcgm_host(f'increase(DCGM_EXP_XID_ERRORS_COUNT{ignored}[{window}])')}) > 0")
     findings = [f"XID {_num(s)} on {s['metric'].get('UUID')} of {s['metric'].get('node')}"
                 for s in prom.query("new XIDs", gauge, at)]
     findings += [f"XID {s['metric'].get('xid')} x{_num(s)} on {s['metric'].get('UUID')} of {s['metric'].get('node')}"
@@ -413,8 +415,8 @@ def health_gates(prom: Prometheus, source: ResolvedFleet, guardrails: Guardrails
     gates.append(_health_gate("xid", f"XID errors on {where}{ignoring}", findings, gaps, "none"))
 
     # ECC: uncorrectable (double-bit) errors, and GPUs out of spare rows.
-    dbe = w.on_nodes(f"max by (Hostname, UUID) (increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[{window}])) > 0")
-    remap = w.on_nodes(f"max by (Hostname, UUID) (max_over_time(DCGM_FI_DEV_ROW_REMAP_FAILURE[{window}])) > 0")
+    dbe = w.on_nodes(f"max by ({HOST_LABELS}, UUID) (increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[{window}])) > 0")
+    remap = w.on_nodes(f"max by ({HOST_LABELS}, UUID) (max_over_time(DCGM_FI_DEV_ROW_REMAP_FAILURE[{window}])) > 0")
     findings = [f"{_num(s)} double-bit ECC errors on {s['metric'].get('UUID')} of {s['metric'].get('node')}"
                 for s in prom.query("ECC double-bit errors", dbe, at)]
     findings += [f"row remapping failed on {s['metric'].get('UUID')} of {s['metric'].get('node')}"

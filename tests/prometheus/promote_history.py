@@ -1,6 +1,7 @@
 """A promotion source's history for a real Prometheus, written as OpenMetrics from its resolved fleet: what
 kube-state-metrics (kube_node_labels with the allowlisted node labels), dcgm-exporter (per GPU and MIG instance, with
-DCGM_FI_DRIVER_VERSION, modelName and Hostname) and Kueue (admission-wait histogram buckets) would have exported.
+DCGM_FI_DRIVER_VERSION, modelName and the node's name: `Hostname` from the exporters of OLD_EXPORTER_NODES, which
+predate 4.6.0-4.8.3, `hostname` from the rest) and Kueue (admission-wait histogram buckets) would have exported.
 
 Several histories go into one TSDB, each in its own time span with a gap between them, so `--at` picks one."""
 
@@ -12,11 +13,13 @@ from pathlib import Path
 from typing import TextIO
 
 from gpushare.core.resolve import MIG_STATE_LABEL, OPERATOR_MIG_CONFIG_LABEL, ResolvedFleet, ResolvedNode
-from gpushare.render.monitoring.promql import ksm_label
+from gpushare.render.monitoring.promql import HOST_LABEL, LEGACY_HOST_LABEL, ksm_label
 from gpushare.render.monitoring.rules import kube_state_metrics_label_allowlist
 from tests.prometheus.scenarios import WAIT_BUCKETS, create_blocks
 
 DAY = 86400
+# Nodes whose dcgm-exporter still writes `Hostname`, as in a fleet half-way through an exporter upgrade.
+OLD_EXPORTER_NODES = frozenset({"pilot-a100-01", "pilot-h100-02"})
 
 
 @dataclass
@@ -49,6 +52,10 @@ def node_names(node: ResolvedNode) -> list[str]:
     return [node.name] if node.count == 1 and node.address else [f"{node.name}-{i}" for i in range(node.count)]
 
 
+def host_label(node: str) -> str:
+    return LEGACY_HOST_LABEL if node in OLD_EXPORTER_NODES else HOST_LABEL
+
+
 def _labels(labels: dict[str, str]) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 
@@ -61,7 +68,8 @@ def write_history(h: History, out: TextIO) -> int:
         nonlocal count
         head = name + _labels(labels) + " "
         for t in range(start, end + 1, step):
-            if name.startswith("DCGM_") and h.dcgm_gap and labels.get("Hostname") == h.dcgm_gap[2] \
+            host = labels.get(HOST_LABEL) or labels.get(LEGACY_HOST_LABEL)
+            if name.startswith("DCGM_") and h.dcgm_gap and host == h.dcgm_gap[2] \
                     and h.dcgm_gap[0] <= t <= h.dcgm_gap[1]:
                 continue
             v = value(t) if callable(value) else value
@@ -98,7 +106,7 @@ def write_history(h: History, out: TextIO) -> int:
                 for g in range(min(h.gpus_per_node, resolved.gpus_per_node)):
                     first = start + (-start) % h.dcgm_step
                     base = {"gpu": str(g), "UUID": f"GPU-{name}-{g}", "modelName": resolved.gpu_model.name,
-                            "Hostname": name, "DCGM_FI_DRIVER_VERSION": driver}
+                            host_label(name): name, "DCGM_FI_DRIVER_VERSION": driver}
                     series("DCGM_FI_DEV_GPU_TEMP", base, first, end, h.dcgm_step, 48)
                     xids = [(t, x) for t, n, x in h.xids if n == name and g == 0]
                     series("DCGM_FI_DEV_XID_ERRORS", base, first, end, h.dcgm_step,

@@ -1,7 +1,8 @@
 """Scenario data for a real Prometheus: DCGM-format and kube-state-metrics-format series (and Kueue's), written as
 OpenMetrics for `promtool tsdb create-blocks-from openmetrics`.
 
-Labels follow the exporters: dcgm-exporter's Hostname/UUID/gpu/modelName (GPU_I_ID/GPU_I_PROFILE on MIG instances;
+Labels follow the exporters: dcgm-exporter's hostname (Hostname before 4.6.0-4.8.3: PoolLoad.host_label)/UUID/gpu/
+modelName (GPU_I_ID/GPU_I_PROFILE on MIG instances;
 pod/namespace and `vgpu` per pod on time-sliced GPUs with --kubernetes-virtual-gpus, where only GPU_UTIL and
 FB_USED are the pod's own), kube-state-metrics' sanitised resources and `label_*` node labels."""
 
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from gpushare.render.monitoring.promql import HOST_LABEL
 
 WAIT_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, math.inf)
 
@@ -35,8 +38,9 @@ class PoolLoad:
     pending: float = 0.0
     wait_seconds: float = 30.0
     allocated_share: float = 1.0  # share of the advertised units that pods hold
-    hostname: bool = True  # dcgm-exporter's Hostname label (absent with --no-hostname / DCGM_EXPORTER_NO_HOSTNAME)
-    hostname_suffix: str = ""  # appended to Hostname, as when the exporter reports the host's FQDN, not the node name
+    hostname: bool = True  # dcgm-exporter's node label (absent with --no-hostname / DCGM_EXPORTER_NO_HOSTNAME)
+    hostname_suffix: str = ""  # appended to it, as when the exporter reports the host's FQDN, not the node name
+    host_label: str = HOST_LABEL  # its spelling: LEGACY_HOST_LABEL (Hostname) for exporters before 4.6.0-4.8.3
     pool_label: bool = True  # kube_node_labels carries the pool label (kube-state-metrics' label allowlist)
     unschedulable: tuple[str, int] | None = None  # (resource, pods): unschedulable pods asking for one each
     mig_util: dict[str, float] | None = None  # MIG profile -> mean busy share of its instances (else util)
@@ -107,11 +111,11 @@ def write_openmetrics(scenario: Scenario, out: TextIO) -> int:
         pods: list[tuple[str, str, str]] = []  # (node, pod, resource)
         units = list(_units(load))
         for salt, (node, uuid, g, mig, mib, resource) in enumerate(units):
-            base = {"Hostname": node + load.hostname_suffix, "UUID": uuid, "gpu": str(g), "modelName": load.model,
+            base = {load.host_label: node + load.hostname_suffix, "UUID": uuid, "gpu": str(g), "modelName": load.model,
                     **mig}
             gap = load.dcgm_gap[:2] if load.dcgm_gap and load.dcgm_gap[2] == node else None
             if not load.hostname:
-                del base["Hostname"]
+                del base[load.host_label]
             profile = mig.get("GPU_I_PROFILE", "")
             util = [_util(load, t, salt, (load.mig_util or {}).get(profile)) for t in times]
             per_gpu = load.replicas or 1

@@ -1,7 +1,8 @@
 """Showback histories for a real Prometheus: DCGM and kube-state-metrics series over six-hour slots, one scenario a
 slot, all written to one OpenMetrics file and backfilled once (tests/prometheus/scenarios.create_blocks).
 
-Labels follow the exporters (see tests/prometheus/scenarios.py): dcgm-exporter's Hostname/UUID/modelName, MIG's
+Labels follow the exporters (see tests/prometheus/scenarios.py): dcgm-exporter's hostname (Hostname on
+OLD_EXPORTER_NODES, whose exporters predate 4.6.0-4.8.3)/UUID/modelName, MIG's
 GPU_I_ID/GPU_I_PROFILE, `vgpu` with pod/namespace per replica on shared GPUs (the device's GR_ENGINE_ACTIVE
 copied to every replica's pod); kube-state-metrics' sanitised resources and `label_*` node labels."""
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from gpushare.render.monitoring.promql import HOST_LABEL, LEGACY_HOST_LABEL
 from tests.prometheus.scenarios import create_blocks
 
 STEP = 60
@@ -20,6 +22,12 @@ H100, A100, L4 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L4"
 MIG_LAYOUT = (("3g.40gb", 1), ("2g.20gb", 2), ("1g.10gb", 3), ("1g.10gb", 4))  # profile, GPU_I_ID (mig-balanced)
 
 Value = float | Callable[[int], float]
+# Nodes whose dcgm-exporter still writes `Hostname`: each scenario mixes both spellings, as a fleet mid-upgrade does.
+OLD_EXPORTER_NODES = frozenset({"ts-node", "mig-node"})
+
+
+def host_label(node: str) -> str:
+    return LEGACY_HOST_LABEL if node in OLD_EXPORTER_NODES else HOST_LABEL
 
 
 @dataclass
@@ -58,7 +66,7 @@ def gpu(h: History, on: str, index: int, model: str, start: int, end: int, busy:
         holder: tuple[str, str] | None = None, mig: tuple[str, int] | None = None, instance: str = "exporter-a"
         ) -> None:
     """One whole GPU or MIG instance's profiling series; `holder` (namespace, pod) where a pod holds it."""
-    labels = {"Hostname": on, "UUID": f"GPU-{on}-{index}", "gpu": str(index), "modelName": model,
+    labels = {host_label(on): on, "UUID": f"GPU-{on}-{index}", "gpu": str(index), "modelName": model,
               "instance": instance}
     if mig:
         labels |= {"GPU_I_PROFILE": mig[0], "GPU_I_ID": str(mig[1])}
@@ -71,7 +79,7 @@ def shared_gpu(h: History, on: str, model: str, start: int, end: int, busy: floa
                holders: list[tuple[str, str]]) -> None:
     """A time-sliced or MPS GPU with --kubernetes-virtual-gpus: the device's busy share copied to every replica's
     pod series, GPU_UTIL per pod."""
-    base = {"Hostname": on, "UUID": f"GPU-{on}-0", "gpu": "0", "modelName": model, "instance": "exporter-a"}
+    base = {host_label(on): on, "UUID": f"GPU-{on}-0", "gpu": "0", "modelName": model, "instance": "exporter-a"}
     for v, (namespace, name) in enumerate(holders):
         labels = {**base, "vgpu": str(v), "namespace": namespace, "pod": name}
         h.add("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels, start, end, busy)
@@ -126,7 +134,7 @@ def pod_moves(h: History, start: int, end: int) -> None:
         node(h, name, pool, start, end)
     pod(h, "research", "mover", "ts-node", "nvidia_com_gpu_shared", start, mid)
     shared_gpu(h, "ts-node", L4, start, mid, 0.5, [("research", "mover")])
-    h.add("DCGM_FI_PROF_GR_ENGINE_ACTIVE", {"Hostname": "ts-node", "UUID": "GPU-ts-node-0", "gpu": "0",
+    h.add("DCGM_FI_PROF_GR_ENGINE_ACTIVE", {host_label("ts-node"): "ts-node", "UUID": "GPU-ts-node-0", "gpu": "0",
                                             "modelName": L4, "instance": "exporter-a"}, mid, end, 0.0)
     pod(h, "research", "mover", "whole-node", "nvidia_com_gpu", mid, end)
     gpu(h, "whole-node", 0, H100, start, mid, 0.0)

@@ -17,9 +17,10 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as model
 
 from gpushare.core.resolve import ResolvedFleet
+from gpushare.render.monitoring.promql import HOST_LABEL, LEGACY_HOST_LABEL, dcgm_host
 
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
-DEVICE = "Hostname, UUID"
+DEVICE = f"{HOST_LABEL}, UUID"  # over _on_node(...)
 
 
 @dataclass(frozen=True)
@@ -240,34 +241,41 @@ def _mig(fleet: ResolvedFleet) -> dict[str, Any]:
                       rows)
 
 
-NODE = 'Hostname=~"$node"'
+def _on_node(template: str) -> str:
+    """A DCGM query (`{sel}` where the selector goes) narrowed to the $node variable whichever spelling of the node
+    label its exporter wrote, the node's name then in `hostname` (see promql.HOST_LABEL)."""
+    either = " or ".join(template.replace("{sel}", f'{{{label}=~"$node"}}')
+                         for label in (HOST_LABEL, LEGACY_HOST_LABEL))
+    return dcgm_host(f"({either})")
+
+
+LEGEND = "{{" + HOST_LABEL + "}} {{UUID}}"
 
 
 def _health(fleet: ResolvedFleet) -> dict[str, Any]:
     rows = [
         ("Errors", [
-            PanelSpec("Last XID per GPU", (Query(f"max by ({DEVICE}) (DCGM_FI_DEV_XID_ERRORS{{{NODE}}})",
-                                                 "{{Hostname}} {{UUID}}"),), unit="none"),
+            PanelSpec("Last XID per GPU", (Query(
+                f"max by ({DEVICE}) ({_on_node('DCGM_FI_DEV_XID_ERRORS{sel}')})", LEGEND),), unit="none"),
             PanelSpec("XIDs in the exporter's window", (Query(
-                f"max by ({DEVICE}, xid) (DCGM_EXP_XID_ERRORS_COUNT{{{NODE}}})",
-                "{{Hostname}} {{UUID}} XID {{xid}}"),)),
+                f"max by ({DEVICE}, xid) ({_on_node('DCGM_EXP_XID_ERRORS_COUNT{sel}')})", LEGEND + " XID {{xid}}"),)),
             PanelSpec("Double-bit ECC errors", (Query(
-                f"max by ({DEVICE}) (increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{NODE}}}[$__rate_interval]))",
-                "{{Hostname}} {{UUID}}"),)),
-            PanelSpec("Row remap failures", (Query(f"max by ({DEVICE}) (DCGM_FI_DEV_ROW_REMAP_FAILURE{{{NODE}}})",
-                                                   "{{Hostname}} {{UUID}}"),)),
+                f"max by ({DEVICE}) ({_on_node('increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{sel}[$__rate_interval])')})",
+                LEGEND),)),
+            PanelSpec("Row remap failures", (Query(
+                f"max by ({DEVICE}) ({_on_node('DCGM_FI_DEV_ROW_REMAP_FAILURE{sel}')})", LEGEND),)),
         ]),
         ("Thermals and throttling", [
-            PanelSpec("GPU temperature", (Query(f"max by ({DEVICE}) (DCGM_FI_DEV_GPU_TEMP{{{NODE}}})",
-                                                "{{Hostname}} {{UUID}}"),), unit="celsius"),
-            PanelSpec("Memory temperature", (Query(f"max by ({DEVICE}) (DCGM_FI_DEV_MEMORY_TEMP{{{NODE}}})",
-                                                   "{{Hostname}} {{UUID}}"),), unit="celsius"),
+            PanelSpec("GPU temperature", (Query(
+                f"max by ({DEVICE}) ({_on_node('DCGM_FI_DEV_GPU_TEMP{sel}')})", LEGEND),), unit="celsius"),
+            PanelSpec("Memory temperature", (Query(
+                f"max by ({DEVICE}) ({_on_node('DCGM_FI_DEV_MEMORY_TEMP{sel}')})", LEGEND),), unit="celsius"),
             PanelSpec("Thermal throttling", (Query(
-                f"max by ({DEVICE}) (rate(DCGM_FI_DEV_THERMAL_VIOLATION{{{NODE}}}[$__rate_interval])) / 1e9",
-                "{{Hostname}} {{UUID}}"),), unit="percentunit", max=1),
+                f"max by ({DEVICE}) ({_on_node('rate(DCGM_FI_DEV_THERMAL_VIOLATION{sel}[$__rate_interval])')}) / 1e9",
+                LEGEND),), unit="percentunit", max=1),
             PanelSpec("Power throttling", (Query(
-                f"max by ({DEVICE}) (rate(DCGM_FI_DEV_POWER_VIOLATION{{{NODE}}}[$__rate_interval])) / 1e9",
-                "{{Hostname}} {{UUID}}"),), unit="percentunit", max=1),
+                f"max by ({DEVICE}) ({_on_node('rate(DCGM_FI_DEV_POWER_VIOLATION{sel}[$__rate_interval])')}) / 1e9",
+                LEGEND),), unit="percentunit", max=1),
         ]),
         ("Memory and exporters", [
             PanelSpec("Framebuffer used per GPU or MIG instance", (Query(
@@ -275,9 +283,10 @@ def _health(fleet: ResolvedFleet) -> dict[str, Any]:
                 unit="percentunit", max=1),
             PanelSpec("GPU nodes without DCGM metrics", (Query(
                 'count(gpushare:node_pool:info{node=~"$node"} unless on (node) '
-                'max by (node) (label_replace(DCGM_FI_DEV_GPU_TEMP, "node", "$1", "Hostname", "(.*)")))'),),
+                f'max by (node) (label_replace({dcgm_host("DCGM_FI_DEV_GPU_TEMP")}, "node", "$1", "{HOST_LABEL}", '
+                '"(.*)")))'),),
                 kind="stat", width=6),
-            PanelSpec("GPUs reporting", (Query(f"count(max by ({DEVICE}) (DCGM_FI_DEV_GPU_TEMP{{{NODE}}}))"),),
+            PanelSpec("GPUs reporting", (Query(f"count(max by ({DEVICE}) ({_on_node('DCGM_FI_DEV_GPU_TEMP{sel}')}))"),),
                       kind="stat", width=6),
         ]),
     ]

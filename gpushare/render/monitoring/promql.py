@@ -9,6 +9,20 @@ from collections.abc import Iterable, Mapping
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
 
 
+# dcgm-exporter's node label: `hostname` from NVIDIA/dcgm-exporter d5e5f51 (#655, May 2026) on, so in 4.6.0-4.8.3,
+# the exporter the pinned GPU Operator v26.7.0 runs; `Hostname` up to 4.5.3-4.8.2. A fleet may run both while it
+# upgrades, and history keeps the old spelling: every DCGM join accepts either.
+HOST_LABEL = "hostname"
+LEGACY_HOST_LABEL = "Hostname"
+HOST_LABELS = f"{HOST_LABEL}, {LEGACY_HOST_LABEL}"  # grouping by both keeps whichever a series has
+
+
+def dcgm_host(expr: str) -> str:
+    """A DCGM expression with the node's name in `hostname` whichever spelling its exporter wrote (the old label
+    stays until an aggregation or `without` drops it)."""
+    return f'label_replace({expr}, "{HOST_LABEL}", "$1", "{LEGACY_HOST_LABEL}", "(.+)")'
+
+
 def ksm_name(name: str) -> str:
     """kube-state-metrics' spelling of a Kubernetes name in a label (value): `nvidia.com/gpu` -> `nvidia_com_gpu`."""
     return _INVALID.sub("_", name)

@@ -2,14 +2,15 @@
 policies/guardrails.yaml.
 
 Sharing-aware conventions every rule follows:
-- A hardware unit is a whole GPU or a MIG instance: DCGM series keyed by (Hostname, UUID, GPU_I_ID).
+- A hardware unit is a whole GPU or a MIG instance: DCGM series keyed by (hostname, UUID, GPU_I_ID).
 - Utilization is DCGM_FI_PROF_GR_ENGINE_ACTIVE (it exists per MIG instance; GPU_UTIL does not), falling back to
   GPU_UTIL where profiling metrics are off. A MIG instance counts with its share of the GPU's compute slices.
 - On time-sliced GPUs with --kubernetes-virtual-gpus the exporter emits one series per pod (label `vgpu`): only
   GPU_UTIL and FB_USED are per pod and may be summed over pods; every other field is the device value repeated,
   so device figures take `max` over the pod series and per-tenant figures never sum them.
 - The pool of a node comes from its `gpushare.io/pool` label through kube_node_labels (kube-state-metrics with the
-  label allowlist, see kube_state_metrics_label_allowlist); the dcgm-exporter's `Hostname` is the node name.
+  label allowlist, see kube_state_metrics_label_allowlist); the dcgm-exporter's `hostname` is the node name
+  (`Hostname` before dcgm-exporter 4.6.0-4.8.3: every join takes either, see promql.HOST_LABEL).
 - Rules assume the ServiceMonitor keeps the exporter's own pod/namespace labels (honorLabels: true)."""
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from gpushare.core.resolve import (
     ResolvedPool,
 )
 from gpushare.core.tenancy import fleet_tenancy
-from gpushare.render.monitoring.promql import alternatives, ksm_label, ksm_name
+from gpushare.render.monitoring.promql import (
+    HOST_LABEL,
+    HOST_LABELS,
+    alternatives,
+    dcgm_host,
+    ksm_label,
+    ksm_name,
+)
 
 POOL_LABEL = "gpushare.io/pool"
 ENVIRONMENT_LABEL = "gpushare.io/environment"
@@ -35,11 +43,12 @@ PROFILE_LABEL = "gpushare.io/profile"
 OPERATOR_MIG_STATE_LABEL = f"{OPERATOR_MIG_CONFIG_LABEL}.state"
 QUEUE_PREFIX = "tenant-"  # gpushare.tenancy names each tenant's ClusterQueue tenant-<name>
 
-# The DCGM labels that identify a hardware unit, and those carried along for dashboards and joins.
-UNIT = "Hostname, UUID, GPU_I_ID, GPU_I_PROFILE, modelName"
+# The DCGM labels that identify a hardware unit, and those carried along for dashboards and joins. Both spellings
+# of the node label are kept through the aggregation; to_node() merges them.
+UNIT = f"{HOST_LABELS}, UUID, GPU_I_ID, GPU_I_PROFILE, modelName"
 UNIT_NODE = "node, UUID, GPU_I_ID, GPU_I_PROFILE, modelName, pool"
 GPU_NODE = "node, UUID, modelName, pool"
-DEVICE_ALERT = "Hostname, UUID, gpu, modelName"
+DEVICE_ALERT = f"{HOST_LABEL}, UUID, gpu, modelName"  # over dcgm_host(...)
 GPU_RESOURCES = 'resource=~"nvidia_com_.+"'
 # Kueue's admission wait is a histogram; p90 over this window is the queue time the rules compare.
 WAIT_WINDOW = "30m"
@@ -68,8 +77,9 @@ def kube_state_metrics_label_allowlist() -> list[str]:
 
 
 def to_node(expr: str) -> str:
-    """DCGM series -> the same series keyed by `node` (dcgm-exporter's Hostname), without Hostname."""
-    return f'max without (Hostname) (label_replace({expr}, "node", "$1", "Hostname", "(.*)"))'
+    """DCGM series -> the same series keyed by `node` (dcgm-exporter's hostname, or Hostname from older exporters),
+    without either: a GPU whose exporter changed spelling within the window is one series."""
+    return f'max without ({HOST_LABELS}) (label_replace({dcgm_host(expr)}, "node", "$1", "{HOST_LABEL}", "(.*)"))'
 
 
 def _with_pool(expr: str, node_pool: str = "gpushare:node_pool:info") -> str:
@@ -233,7 +243,8 @@ def advertised_expr(node_pool: str = "gpushare:node_pool:info") -> str:
 def replica_memory_expr(node_pool: str = "gpushare:node_pool:info") -> str:
     """Framebuffer of each pod on a time-sliced GPU (FB_USED is one of the two per-pod fields)."""
     return _with_pool(to_node(
-        'sum by (Hostname, UUID, GPU_I_ID, namespace, pod) (DCGM_FI_DEV_FB_USED{vgpu!=""}) * 1048576'), node_pool)
+        f'sum by ({HOST_LABELS}, UUID, GPU_I_ID, namespace, pod) (DCGM_FI_DEV_FB_USED{{vgpu!=""}}) * 1048576'),
+        node_pool)
 
 
 def pool_queues(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[ResolvedPool]) -> dict[str, list[str]]:
@@ -539,44 +550,46 @@ def alert_groups(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Resol
     m = guardrails.monitoring
     crit = "|".join(str(x) for x in sorted(m.critical_xids))
     crit_gauge = " or ".join(f"DCGM_FI_DEV_XID_ERRORS == {x}" for x in sorted(m.critical_xids))
-    gpu = "GPU {{ $labels.UUID }} ({{ $labels.modelName }}) on {{ $labels.Hostname }}"
+    gpu = "GPU {{ $labels.UUID }} ({{ $labels.modelName }}) on {{ $labels." + HOST_LABEL + " }}"
 
     health = [
         _alert("GpushareGpuXidCritical", f"""
-max by ({DEVICE_ALERT}) (({crit_gauge}) and changes(DCGM_FI_DEV_XID_ERRORS[5m]) > 0)
-or max by ({DEVICE_ALERT}, xid) (DCGM_EXP_XID_ERRORS_COUNT{{xid=~"{crit}"}} > 0)""",
+max by ({DEVICE_ALERT}) ({dcgm_host(f"({crit_gauge}) and changes(DCGM_FI_DEV_XID_ERRORS[5m]) > 0")})
+or max by ({DEVICE_ALERT}, xid) ({dcgm_host(f'DCGM_EXP_XID_ERRORS_COUNT{{xid=~"{crit}"}} > 0')})""",
                "critical", f"{gpu} reported a hardware XID",
                "A new XID from policies' critical list (monitoring.critical_xids): the value is the XID code, or the "
                "count in the exporter's window when the xid label is set. Drain the node and check the GPU "
                "(dcgmi diag -r 3); row-remap and ECC XIDs need a GPU reset.", labels=labels),
         _alert("GpushareGpuXidError", f"""
-max by ({DEVICE_ALERT}) ((DCGM_FI_DEV_XID_ERRORS > 0 unless ({crit_gauge})) and changes(DCGM_FI_DEV_XID_ERRORS[5m]) > 0)
-or max by ({DEVICE_ALERT}, xid) (DCGM_EXP_XID_ERRORS_COUNT{{xid!~"{crit}"}} > 0)""",
+max by ({DEVICE_ALERT}) ({dcgm_host(
+    f"(DCGM_FI_DEV_XID_ERRORS > 0 unless ({crit_gauge})) and changes(DCGM_FI_DEV_XID_ERRORS[5m]) > 0")})
+or max by ({DEVICE_ALERT}, xid) ({dcgm_host(f'DCGM_EXP_XID_ERRORS_COUNT{{xid!~"{crit}"}} > 0')})""",
                "warning", f"{gpu} reported XID {{{{ $value }}}}",
                "A new XID outside the critical list: usually an application fault (13, 31, 43). On a shared GPU "
                "it can end the co-tenants' work too; find the pod from the time and the node.", labels=labels),
         _alert("GpushareGpuEccDoubleBitErrors",
-               f"max by ({DEVICE_ALERT}) (increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[10m])) > 0",
+               f"max by ({DEVICE_ALERT}) ({dcgm_host('increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[10m])')}) > 0",
                "critical", f"{gpu} had uncorrectable (double-bit) ECC errors",
                "Uncorrectable memory errors corrupt results. Drain the node; the GPU needs a reset for row "
                "remapping, and replacement if it repeats.", labels=labels),
-        _alert("GpushareGpuRowRemapFailure", f"max by ({DEVICE_ALERT}) (DCGM_FI_DEV_ROW_REMAP_FAILURE) > 0",
+        _alert("GpushareGpuRowRemapFailure",
+               f"max by ({DEVICE_ALERT}) ({dcgm_host('DCGM_FI_DEV_ROW_REMAP_FAILURE')}) > 0",
                "critical", f"{gpu} failed to remap a memory row",
                "The GPU has no spare rows left for remapping: it should be replaced. Cordon the node.",
                labels=labels),
         _alert("GpushareGpuTemperatureHigh",
-               f"max by ({DEVICE_ALERT}) (DCGM_FI_DEV_GPU_TEMP) > {m.gpu_temperature_celsius:g}",
+               f"max by ({DEVICE_ALERT}) ({dcgm_host('DCGM_FI_DEV_GPU_TEMP')}) > {m.gpu_temperature_celsius:g}",
                "warning", f"{gpu} is at {{{{ $value }}}} °C",
                f"Above monitoring.gpu_temperature_celsius ({m.gpu_temperature_celsius:g} °C) for "
                f"{m.temperature_for}: check airflow and fans before the GPU throttles.",
                m.temperature_for, labels),
         _alert("GpushareGpuMemoryTemperatureHigh",
-               f"max by ({DEVICE_ALERT}) (DCGM_FI_DEV_MEMORY_TEMP) > {m.memory_temperature_celsius:g}",
+               f"max by ({DEVICE_ALERT}) ({dcgm_host('DCGM_FI_DEV_MEMORY_TEMP')}) > {m.memory_temperature_celsius:g}",
                "warning", f"{gpu} memory is at {{{{ $value }}}} °C",
                f"HBM above monitoring.memory_temperature_celsius ({m.memory_temperature_celsius:g} °C) for "
                f"{m.temperature_for}: memory throttles independently of the die.", m.temperature_for, labels),
         _alert("GpushareGpuThermalThrottling",
-               f"max by ({DEVICE_ALERT}) (rate(DCGM_FI_DEV_THERMAL_VIOLATION[5m])) / 1e9 > "
+               f"max by ({DEVICE_ALERT}) ({dcgm_host('rate(DCGM_FI_DEV_THERMAL_VIOLATION[5m])')}) / 1e9 > "
                f"{m.thermal_throttle_ratio:g}",
                "warning", f"{gpu} is thermally throttled {{{{ $value | humanizePercentage }}}} of the time",
                f"Clock throttling for thermal reasons above monitoring.thermal_throttle_ratio "
@@ -632,7 +645,7 @@ sum by (pool) (gpushare:pool_advertised:units) > on (pool) gpushare:pool_adverti
                    "the dcgm-exporter DaemonSets and their ServiceMonitors.", m.absent_for, labels),
             _alert("GpushareDcgmExporterMissingOnNode", f"""
 gpushare:node_pool:info{{pool=~"{alternatives(operand_pools)}"}}
-unless on (node) {to_node('max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)')}""",
+unless on (node) {to_node(f'max by ({HOST_LABELS}) (DCGM_FI_DEV_GPU_TEMP)')}""",
                    "warning", "GPU node {{ $labels.node }} of pool {{ $labels.pool }} exports no DCGM metrics",
                    "The node carries a gpushare pool label but no DCGM series names it: its exporter is down, or "
                    "the node is opted out of the operator's exporter without the host exporter.",
