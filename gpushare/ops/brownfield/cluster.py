@@ -119,7 +119,7 @@ class ClusterState:
     def device_plugin_source(self) -> ConfigSource:
         """The device plugin's configs: every key of the ConfigMap spec.devicePlugin.config.name names. Without that
         name the operator mounts no config and the plugin runs unshared, whatever the nodes' labels say."""
-        name = _config_spec(self.policy_spec, "devicePlugin").get("name") or None
+        name = self.device_plugin_configmap()
         if name is None:
             return ConfigSource(None, "spec.devicePlugin.config.name")
         source, cm = self._source(name, "spec.devicePlugin.config.name")
@@ -131,6 +131,9 @@ class ClusterState:
             if value is None or isinstance(value, dict):  # an empty file is a config too: no sharing
                 source.configs[str(key)] = value or {}
         return source
+
+    def device_plugin_configmap(self) -> str | None:
+        return _config_spec(self.policy_spec, "devicePlugin").get("name") or None
 
     def _source(self, name: str, where: str) -> tuple[ConfigSource, dict[str, Any] | None]:
         source = ConfigSource(name, where)
@@ -163,7 +166,7 @@ class ClusterState:
         label = labels_of(node).get(DEVICE_PLUGIN_LABEL)
         if not self.of("ClusterPolicy"):
             return label
-        if self.device_plugin_source().configmap is None:
+        if self.device_plugin_configmap() is None:
             return None
         return label or _config_spec(self.policy_spec, "devicePlugin").get("default") or None
 

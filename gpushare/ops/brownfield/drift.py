@@ -132,12 +132,15 @@ class _NodeCheck:
     """One Git node against its cluster node."""
 
     def __init__(self, fleet: ResolvedFleet, state: ClusterState, git: ResolvedNode, node: dict[str, Any],
-                 now: datetime, stuck_after: timedelta, report: DriftReport) -> None:
+                 now: datetime, stuck_after: timedelta, report: DriftReport,
+                 configs: tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]) -> None:
         self.fleet, self.state, self.git, self.node = fleet, state, git, node
         self.labels = labels_of(node)
         self.now, self.stuck_after, self.report = now, stuck_after, report
         self.mig_settling = False  # a MIG change under way within the threshold: paused operands are expected
         self.mig_differs = False
+        # The operator's configs, read once per report (parsing them per node costs minutes on a large fleet).
+        self.cluster_mig, self.cluster_dp = configs
 
     def add(self, kind: str, where: str, git: str, cluster: str, pending: bool = False) -> None:
         item = Drift(self.git.name, kind, where, git, cluster)
@@ -178,7 +181,7 @@ class _NodeCheck:
         else:
             label, state_label = OPERATOR_MIG_LABEL, OPERATOR_STATE_LABEL
             name = self.labels.get(label, MIG_DISABLED)
-            entries = self.state.mig_configs().get(name)
+            entries = self.cluster_mig.get(name)
             layout = mig_layout(entries, self.git.gpu_model) if entries is not None else None
             known = entries is not None or name == MIG_DISABLED
         if not known:
@@ -219,7 +222,7 @@ class _NodeCheck:
         git_content = self.fleet.device_plugin_configs[git_name].content if git_name else None
         resources = node_resources(self.git.mig_layout, self.fleet.clusters[self.git.cluster].mig_strategy)
         name = self.state.device_plugin_config_for(self.node)
-        cluster_configs = self.state.device_plugin_configs()
+        cluster_configs = self.cluster_dp
         if name is not None and name not in cluster_configs and name not in self.fleet.device_plugin_configs:
             self.add("device-plugin", f"labels[{DEVICE_PLUGIN_CONFIG_LABEL}]",
                      sharing_text(git_name, git_content, resources), f"{name}: no such config in the cluster")
@@ -267,12 +270,13 @@ def find_drift(fleet: ResolvedFleet, state: ClusterState, cluster: str, now: dat
     report = DriftReport(fleet.environment)
     nodes = {name_of(n): n for n in state.of("Node")}
     git_nodes = [n for n in fleet.nodes if n.cluster == cluster and n.address is not None]
+    configs = (state.mig_configs(), state.device_plugin_configs())
     for git in git_nodes:
         node = nodes.get(git.name)
         if node is None:
             report.drift.append(Drift(git.name, "missing-host", "node", f"host of pool {git.pool}", "absent"))
             continue
-        _NodeCheck(fleet, state, git, node, now, stuck_after, report).run()
+        _NodeCheck(fleet, state, git, node, now, stuck_after, report, configs).run()
     known = {n.name for n in git_nodes}
     for node in state.gpu_nodes():
         if name_of(node) not in known:
