@@ -215,7 +215,8 @@ def _address(value: str) -> str:
             raise _refused(value, "has a scope that is not an interface name", fix)
         why = _controller_only(ip)
         if why is not None:
-            raise _refused(value, why, "write the host's own routable management address (e.g. 10.40.1.11)")
+            raise _refused(value, why, "write the host's own routable management address or DNS hostname (e.g. "
+                           "10.40.1.11 or gpu-01.example.net)")
         return value
     labels = value.split(".")
     # isascii: str.isdigit() is also true of other scripts' digits (and of superscripts), which are no address.
@@ -229,7 +230,7 @@ def _address(value: str) -> str:
         raise _refused(value, "ends in a number, so it reads as a broken IP address rather than a hostname", fix)
     if value in _CONTROLLER_ONLY_NAMES or value.endswith(".localhost"):
         raise _refused(value, "names the machine gpushare runs on (RFC 6761 localhost), not a GPU host",
-                       "write the host's own DNS name or routable management address")
+                       "write the host's own DNS hostname or routable management address")
     return value
 
 
