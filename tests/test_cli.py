@@ -224,3 +224,25 @@ def test_every_option_of_every_command_is_in_cli_md_and_no_other() -> None:
             wrong[" ".join(path)] = (missing, unknown)
     assert wrong == {}
     assert {" ".join(p) for p in documented} >= {"validate", "plan", "pack", "check", "gpus", "init"}
+
+
+def test_every_command_a_message_names_exists() -> None:
+    """Fixes and hints say "run `gpushare X`": X must be a command (`gpushare gpu list` was not)."""
+    import re
+
+    import typer
+
+    root = typer.main.get_command(app)
+    named: set[tuple[str, ...]] = set()
+    for source in (ROOT / "gpushare").rglob("*.py"):
+        for words in re.findall(r"`gpushare ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)?)", source.read_text()):
+            named.add(tuple(words.split()))
+    assert ("gpus",) in named and len(named) > 10
+    missing = []
+    for words in sorted(named):
+        command = getattr(root, "commands", {}).get(words[0])
+        if command is None:
+            missing.append(" ".join(words))
+        elif len(words) > 1 and hasattr(command, "commands") and words[1] not in command.commands:
+            missing.append(" ".join(words))
+    assert missing == []

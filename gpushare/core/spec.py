@@ -130,7 +130,7 @@ MachineType = Annotated[str, TextRule(
     MACHINE_TYPE_PATTERN, "a cloud machine type", "use the cloud's own name, e.g. g2-standard-24 or p5.48xlarge")]
 GpuModelName = Annotated[str, TextRule(
     GPU_MODEL_PATTERN, "a GPU model name", "use the NVML product name, an alias or the PCI id that "
-    "`gpushare gpu list` shows, e.g. NVIDIA A100-SXM4-80GB", max_length=96)]
+    "`gpushare gpus` lists, e.g. NVIDIA A100-SXM4-80GB", max_length=96)]
 LayoutText = Annotated[str, TextRule(
     LAYOUT_TEXT_PATTERN, "a MIG layout", "write MIG profiles with counts, e.g. '1g.10gb=2,2g.20gb=1,3g.40gb=1'",
     max_length=512)]
