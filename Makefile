@@ -2,13 +2,13 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: plan test test-unit lint venv schema bench clean test-deps promtool
+.PHONY: plan test test-unit lint venv schema bench clean test-deps promtool testbins cluster-up
 
 plan: venv
 	$(BIN)/gpushare plan --env dev
 	$(BIN)/gpushare preview --env dev --out build/dev
 
-test: venv lint test-deps promtool
+test: venv lint test-deps promtool testbins
 	$(if $(wildcard ../shared/nvidia-tools/bin),PATH=$(abspath ../shared/nvidia-tools/bin):$$PATH) $(BIN)/pytest
 
 # The fast local loop (docs/testing.md): no root-built test hosts, no Prometheus server, no fuzzing; under 3 minutes.
@@ -45,6 +45,19 @@ promtool:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; rc=$$?; \
 	  if [ -n "$$blocked" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc; \
 	fi
+
+# Kubernetes' own programs for the control-plane tests (tests/cluster), built from their Go modules at the versions in
+# tools/versions.env into ~/.cache/gpushare/bin (GPUSHARE_BIN_CACHE overrides), once per version: minutes the first
+# time, nothing after. Needs Go and the Go module proxy.
+testbins:
+	tools/gobuild.sh etcd
+	tools/gobuild.sh kubernetes
+	tools/gobuild.sh kwok
+
+# A control plane by hand (etcd, kube-apiserver, controller manager, scheduler, kwok on 127.0.0.1): prints the
+# kubeconfig to export; ^C stops every process it started.
+cluster-up: venv testbins
+	$(BIN)/python -m tests.cluster.controlplane --dir build/cluster
 
 venv: $(BIN)/.installed
 

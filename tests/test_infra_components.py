@@ -319,7 +319,10 @@ def test_eks_node_groups_use_the_nvidia_ami_and_opt_out_of_its_operands(eks_plan
     assert h100["labels"]["nvidia.com/gpu.deploy.container-toolkit"] == "false"
     assert h100["labels"]["nvidia.com/mig.config"].startswith("mig-small-")
     assert h100["taints"] == [{"key": "gpushare.io/pool", "value": "h100-mig", "effect": "NO_SCHEDULE"}]
-    assert groups["l4-notebooks"].inputs["taints"] == [{"key": "dedicated", "effect": "NO_EXECUTE"}]
+    # the pool's own taint, and the shared-GPU taint every time-sliced or MPS node carries
+    assert groups["l4-notebooks"].inputs["taints"] == [
+        {"key": "dedicated", "effect": "NO_EXECUTE"},
+        {"key": "gpushare.io/shared-gpu", "value": "true", "effect": "NO_SCHEDULE"}]
     values = operator_release(eks_plan).inputs["values"]
     assert values["driver"] == {"enabled": False} and values["toolkit"] == {"enabled": False}
     assert values["migManager"]["enabled"] is True

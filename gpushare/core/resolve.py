@@ -511,7 +511,10 @@ class _Resolver:
             labels["nvidia.com/gpu.deploy.operands"] = Label("false", "pulumi")
 
         taints = list(pool.taints)
-        if gke_managed and kind in ("time-slicing", "mps", "mig-time-slicing") and SHARED_GPU_TAINT not in taints:
+        # Every node whose GPUs are shared without hardware isolation is tainted, so that only pods tolerating it
+        # land there: trusted tenants' queued work (the pool's ResourceFlavor carries the toleration), never an
+        # untrusted tenant's (admission refuses it the toleration), GPU pod or not.
+        if kind in ("time-slicing", "mps", "mig-time-slicing") and SHARED_GPU_TAINT not in taints:
             taints.append(SHARED_GPU_TAINT)
 
         return ResolvedNode(

@@ -1,0 +1,89 @@
+"""Fixtures of the control-plane tests (marker `cluster`): one etcd per session and one API server, controller
+manager, scheduler and kwok per cluster name, started on first use and stopped by PID at the end of the session,
+also when a test fails. On a machine with Go the binaries must have been built (`make testbins`, which `make test`
+runs): a missing binary fails the tests there; only a machine without Go skips them."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import bins as binaries
+from tests.cluster.controlplane import Cluster, Etcd
+from tests.cluster.environments import Applied, bring_up
+from tests.cluster.kube import Kube
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.cluster)
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def cluster_bins() -> binaries.Binaries:
+    found, why = binaries.find()
+    if found is None:
+        if shutil.which("go") is None:
+            pytest.skip(f"no Go toolchain on this machine: {why}")
+        pytest.fail(why)
+    return found
+
+
+@pytest.fixture(scope="session")
+def cluster_folder() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="gpushare-controlplane-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def etcd(cluster_bins: binaries.Binaries, cluster_folder: Path) -> Iterator[Etcd]:
+    server = Etcd(cluster_bins, cluster_folder / "etcd")
+    yield server
+    server.stop()
+
+
+ClusterFactory = Callable[[str], tuple[Cluster, Kube]]
+
+
+@pytest.fixture(scope="session")
+def clusters(cluster_bins: binaries.Binaries, etcd: Etcd, cluster_folder: Path) -> Iterator[ClusterFactory]:
+    """`clusters(name)`: the running cluster of that name (started on first use) and an admin client for it."""
+    running: dict[str, tuple[Cluster, Kube]] = {}
+
+    def get(name: str) -> tuple[Cluster, Kube]:
+        if name not in running:
+            cluster = Cluster(name, cluster_bins, etcd, cluster_folder / name)
+            running[name] = (cluster, Kube(cluster.kubeconfig))
+        cluster, kube = running[name]
+        dead = cluster.alive()
+        assert not dead, "\n".join(dead)
+        return cluster, kube
+
+    try:
+        yield get
+    finally:
+        for cluster, _ in running.values():
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def applied(clusters: ClusterFactory, cluster_folder: Path) -> Callable[[str, str], Applied]:
+    """`applied(env, cluster)`: that cluster of the environment on an API server of its own, with the CRDs, kwok
+    nodes from the plan and every object of `gpushare preview` applied once (the first answers kept)."""
+    done: dict[tuple[str, str], Applied] = {}
+
+    def get(env: str, cluster: str) -> Applied:
+        if (env, cluster) not in done:
+            _, kube = clusters(f"{env}-{cluster}")
+            done[(env, cluster)] = bring_up(env, cluster, kube, cluster_folder / f"preview-{env}")
+        return done[(env, cluster)]
+
+    return get

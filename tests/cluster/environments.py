@@ -1,0 +1,144 @@
+"""Each environment's objects applied to API servers of its own: `gpushare preview --out` for the environment,
+kwok nodes from `gpushare plan --json`, the CRDs gpushare ships (NVIDIA's, Kueue's, prometheus-operator's), then
+every manifest by server-side apply exactly as the preview wrote it. One API server per (environment, cluster),
+started once per session and shared by every test that needs that environment."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpushare.core.paths import package_data_path
+from tests.cluster.bins import ROOT
+from tests.cluster.kube import Answer, Kube, eventually
+from tests.cluster.nodes import kwok_node, plan_json, planned_nodes
+
+# environment key -> what `gpushare preview --env` and `gpushare plan --env` are given
+ENVIRONMENTS = {"dev": "dev", "pilot": "pilot", "prod": "prod", "dra": "examples/environments/dra.yaml"}
+# Namespaces the Helm releases create (create_namespace) where no gpushare object does: made before the apply, as
+# the release would have made them, so that objects placed there are judged on their own.
+RELEASE_NAMESPACES = ("gpu-operator", "kueue-system", "monitoring", "nvidia-dra-driver-gpu")
+FIRST = {"CustomResourceDefinition": 0, "Namespace": 1}
+
+
+@cache
+def preview(env: str, out: Path) -> dict[str, list[dict[str, Any]]]:
+    """cluster name -> the objects `gpushare preview --env ENV --out` wrote for it (file order kept)."""
+    run = subprocess.run([sys.executable, "-m", "gpushare", "preview", "--env", ENVIRONMENTS[env], "--out",
+                          str(out)], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    by_cluster: dict[str, list[dict[str, Any]]] = {}
+    for folder in sorted((out / "manifests").iterdir()):
+        for path in sorted(folder.glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc:
+                    by_cluster.setdefault(folder.name, []).append(doc)
+    return by_cluster
+
+
+def crds() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for path in sorted(package_data_path().glob("crd-*.yaml")):
+        out.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return out
+
+
+def ident(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    where = f"{meta['namespace']}/" if meta.get("namespace") else ""
+    return f"{obj['kind']} {where}{meta['name']}"
+
+
+@dataclass
+class Applied:
+    """One cluster of an environment, with its objects applied."""
+
+    env: str
+    cluster: str
+    kube: Kube
+    objects: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]  # the planned nodes (plan --json entries)
+    plan: dict[str, Any]
+    first: dict[str, Answer] = field(default_factory=dict)  # ident -> answer of the first apply
+
+
+def ordered(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(objects, key=lambda o: FIRST.get(o["kind"], 2))
+
+
+def apply_crds(kube: Kube) -> None:
+    for crd in crds():
+        answer = kube.apply(crd)
+        assert answer.allowed, f"{ident(crd)}: {answer.message}"
+    for crd in crds():
+        name = crd["metadata"]["name"]
+        eventually(lambda name=name: any(
+            c["type"] == "Established" and c["status"] == "True" for c in
+            (kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name) or {})
+            .get("status", {}).get("conditions", [])), what=f"CRD {name} established")
+    kube.dynamic.resources.invalidate_cache()
+
+
+def bring_up(env: str, cluster: str, kube: Kube, out: Path) -> Applied:
+    objects = preview(env, out)[cluster]
+    plan = plan_json(ENVIRONMENTS[env]) if not ENVIRONMENTS[env].endswith(".yaml") else plan_json(
+        str(ROOT / ENVIRONMENTS[env]))
+    nodes = planned_nodes(plan, cluster)
+    apply_crds(kube)
+    for node in nodes:
+        # A bare-metal machine exists before Pulumi labels it, with the labels Ansible set on the host; a cloud
+        # pool's nodes come up with the pool's labels and taints, which the cloud provider sets.
+        owners = None if node["managed_by"] in ("gke", "eks") else ("ansible",)
+        answer = kube.create(kwok_node(node, owners=owners), dry_run=False)
+        assert answer.allowed or answer.status == 409, answer.message
+    for name in RELEASE_NAMESPACES:
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}, dry_run=False)
+    applied = Applied(env, cluster, kube, objects, nodes, plan)
+    for obj in ordered(objects):
+        applied.first[ident(obj)] = kube.apply(obj)
+    return applied
+
+
+TENANT_SERVICE_ACCOUNT = "ci"
+
+
+def tenant_client(kube: Kube, namespace: str) -> Kube:
+    """A client holding a real token of a ServiceAccount in the tenant's namespace with the built-in `admin` role
+    there (and pods/ephemeralcontainers): gpushare renders no tenant RBAC (sites bind their own groups), so tests
+    take the broadest rights a namespace owner is normally given."""
+    kube.apply({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": TENANT_SERVICE_ACCOUNT, "namespace": namespace}})
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "tenant-admin", "namespace": namespace},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": TENANT_SERVICE_ACCOUNT, "namespace": namespace}]})
+    # `kubectl debug` needs pods/ephemeralcontainers, which `admin` leaves out: a site that lets tenants debug grants
+    # it, and the policies must hold then too.
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "tenant-debug", "namespace": namespace},
+                "rules": [{"apiGroups": [""], "resources": ["pods/ephemeralcontainers"],
+                           "verbs": ["get", "patch", "update"]}]})
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "tenant-debug", "namespace": namespace},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant-debug"},
+                "subjects": [{"kind": "ServiceAccount", "name": TENANT_SERVICE_ACCOUNT, "namespace": namespace}]})
+    return kube.as_service_account(namespace, TENANT_SERVICE_ACCOUNT)
+
+
+def tenant_pod(namespace: str, priority: str, resources: dict[str, int], name: str = "work") -> dict[str, Any]:
+    """The example untrusted GPU pod (examples/tenants/untrusted-gpu-pod.yaml: Pod Security restricted, queued by
+    its LocalQueue label), in the tenant's namespace with its priority class and the GPU resources asked for."""
+    pod: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "tenants" / "untrusted-gpu-pod.yaml").read_text())
+    pod["metadata"].update(name=name, namespace=namespace)
+    pod["spec"]["priorityClassName"] = f"gpushare-{priority}"
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    for key in [k for k in limits if k.startswith("nvidia.com/")]:
+        del limits[key]
+    limits.update({k: str(v) for k, v in resources.items()})
+    return pod
