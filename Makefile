@@ -2,17 +2,17 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: plan test test-unit lint venv schema bench clean test-deps promtool testbins cluster-up
+.PHONY: plan test test-unit lint venv schema bench clean test-deps promtool testbins nvidia-bins cluster-up
 
 plan: venv
 	$(BIN)/gpushare plan --env dev
 	$(BIN)/gpushare preview --env dev --out build/dev
 
-test: venv lint test-deps promtool testbins
+test: venv lint test-deps promtool testbins nvidia-bins
 	$(if $(wildcard ../shared/nvidia-tools/bin),PATH=$(abspath ../shared/nvidia-tools/bin):$$PATH) $(BIN)/pytest
 
 # The fast local loop (docs/testing.md): no root-built test hosts, no Prometheus server, no fuzzing; under 3 minutes.
-test-unit: venv promtool
+test-unit: venv promtool $(if $(shell command -v go),nvidia-bins)
 	$(if $(wildcard ../shared/nvidia-tools/bin),PATH=$(abspath ../shared/nvidia-tools/bin):$$PATH) $(BIN)/pytest -q -m "not slow and not ansible"
 
 lint: venv
@@ -53,6 +53,13 @@ testbins:
 	tools/gobuild.sh etcd
 	tools/gobuild.sh kubernetes
 	tools/gobuild.sh kwok
+
+# NVIDIA's mig-parted and device plugin for the parser tests (tests/nvidia), built the same way from their Go modules
+# at the versions in tools/versions.env (cgo: needs gcc). `make test-unit` builds them only where Go is installed;
+# without Go those tests skip.
+nvidia-bins:
+	tools/gobuild.sh mig-parted
+	tools/gobuild.sh k8s-device-plugin
 
 # A control plane by hand (etcd, kube-apiserver, controller manager, scheduler, kwok on 127.0.0.1): prints the
 # kubeconfig to export; ^C stops every process it started.

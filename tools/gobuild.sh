@@ -1,6 +1,6 @@
 #!/bin/sh
 # Build one test program from its Go module into the cache, once per version:
-#   tools/gobuild.sh kubernetes|etcd|kwok
+#   tools/gobuild.sh kubernetes|etcd|kwok|mig-parted|k8s-device-plugin
 # The binaries land in $GPUSHARE_BIN_CACHE/<name>-<version>/ (default ~/.cache/gpushare/bin); a stamp file marks a
 # finished build, so a second call returns at once. Nothing is downloaded but Go modules from the module proxy.
 set -eu
@@ -12,12 +12,14 @@ case $name in
   kubernetes) version=$KUBERNETES_VERSION ;;
   etcd) version=$ETCD_VERSION ;;
   kwok) version=$KWOK_VERSION ;;
-  *) echo "gobuild.sh: unknown program '$name' (kubernetes, etcd, kwok)" >&2; exit 2 ;;
+  mig-parted) version=$MIG_PARTED_VERSION module=github.com/NVIDIA/mig-parted cmd=nvidia-mig-parted ;;
+  k8s-device-plugin) version=$DEVICE_PLUGIN_VERSION module=github.com/NVIDIA/k8s-device-plugin cmd=nvidia-device-plugin ;;
+  *) echo "gobuild.sh: unknown program '$name' (kubernetes, etcd, kwok, mig-parted, k8s-device-plugin)" >&2; exit 2 ;;
 esac
 out=$cache/$name-$version
 [ -f "$out/.built" ] && exit 0
 if ! command -v go >/dev/null 2>&1; then
-  echo "gobuild.sh: Go is needed to build $name $version for the control-plane tests:" >&2
+  echo "gobuild.sh: Go is needed to build $name $version for gpushare's tests:" >&2
   echo "  apt-get install golang-go (1.24 or newer), or Go from https://go.dev/dl/ on PATH" >&2
   exit 1
 fi
@@ -79,6 +81,21 @@ package tools
 import _ "sigs.k8s.io/kwok/cmd/kwok"
 GO
     ;;
+  mig-parted|k8s-device-plugin)
+    # go-nvml binds NVML through cgo (it opens libnvidia-ml.so.1 only at run time, so no NVIDIA library is needed).
+    if ! command -v gcc >/dev/null 2>&1; then
+      echo "gobuild.sh: $name needs a C compiler for go-nvml (cgo): apt-get install gcc" >&2; exit 1
+    fi
+    go mod init "gpushare.local/$name" >/dev/null 2>&1
+    go mod edit -require="$module@v$version"
+    cat > tools.go <<GO
+//go:build tools
+
+package tools
+
+import _ "$module/cmd/$cmd"
+GO
+    ;;
 esac
 [ -f "$here/gosum/$name-$version.sum" ] && cp "$here/gosum/$name-$version.sum" go.sum
 echo "building $name $version into $out (first time on this machine: minutes)" >&2
@@ -95,6 +112,11 @@ case $name in
   kwok)
     go mod tidy -e >/dev/null 2>&1 || true
     go build -tags tools -ldflags "$ldflags" -o "$out/kwok" sigs.k8s.io/kwok/cmd/kwok ;;
+  mig-parted|k8s-device-plugin)
+    # Linked as NVIDIA's Makefiles link them: lazy binding for the NVML symbols, the version in internal/info.
+    go mod tidy >/dev/null
+    CGO_ENABLED=1 go build -tags tools -ldflags "$ldflags -extldflags=-Wl,-z,lazy -X $module/internal/info.version=v$version" \
+      -o "$out/$cmd" "$module/cmd/$cmd" 2>"$work/build.log" || { cat "$work/build.log" >&2; exit 1; } ;;
 esac
 mkdir -p "$here/gosum"; [ -f "$here/gosum/$name-$version.sum" ] || cp go.sum "$here/gosum/$name-$version.sum"
 echo "built $name $version in $(( $(date +%s) - start )) s" >&2

@@ -1,8 +1,10 @@
 """Running NVIDIA's own programs on what gpushare renders: finding them, the environment files to render, and
 running many short calls at once.
 
-The programs are found in $GPUSHARE_NVIDIA_TOOLS (a directory, or its bin/) or on PATH; `make test` puts
-../shared/nvidia-tools/bin on PATH where it exists. Where they are absent the tests skip, saying so.
+The programs are found in $GPUSHARE_NVIDIA_TOOLS (a directory, or its bin/), then where `make nvidia-bins`
+(tools/gobuild.sh) builds them from their Go modules, then on PATH (`make test` puts ../shared/nvidia-tools/bin
+there where it exists). Where none has them but Go is installed, the first test that needs one builds it (minutes,
+once per machine); only without Go do the tests skip, saying so.
 """
 
 from __future__ import annotations
@@ -24,27 +26,51 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOLS_VARIABLE = "GPUSHARE_NVIDIA_TOOLS"
 MIG_PARTED = "nvidia-mig-parted"
 DEVICE_PLUGIN = "nvidia-device-plugin"
+GOBUILD = ROOT / "tools" / "gobuild.sh"
+# binary -> (tools/gobuild.sh's name for the program, the tools/versions.env key of its version)
+BUILT = {MIG_PARTED: ("mig-parted", "MIG_PARTED_VERSION"),
+         DEVICE_PLUGIN: ("k8s-device-plugin", "DEVICE_PLUGIN_VERSION")}
 # Shipped environments, fixture environments, and environment-shaped test data anywhere under tests/.
 ENVIRONMENT_GLOBS = ("environments/*.yaml", "tests/**/*.yaml")
 
 
+def built_tool(name: str) -> Path:
+    """Where tools/gobuild.sh puts NAME at the version tools/versions.env pins."""
+    from tests.cluster.bins import cache_dir, versions
+
+    program, key = BUILT[name]
+    return cache_dir() / f"{program}-{versions()[key]}" / name
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
 def find_tool(name: str) -> Path | None:
-    """$GPUSHARE_NVIDIA_TOOLS/NAME (or its bin/NAME) first, then PATH."""
+    """$GPUSHARE_NVIDIA_TOOLS/NAME (or its bin/NAME) first, then the build from NVIDIA's Go module, then PATH."""
     folder = os.environ.get(TOOLS_VARIABLE)
     if folder:
         for candidate in (Path(folder) / name, Path(folder) / "bin" / name):
-            if candidate.is_file() and os.access(candidate, os.X_OK):
+            if _executable(candidate):
                 return candidate
+    built = built_tool(name)
+    if _executable(built) and (built.parent / ".built").exists():
+        return built
     found = shutil.which(name)
     return Path(found) if found else None
 
 
 def require_tool(name: str) -> Path:
     found = find_tool(name)
-    if found is None:
-        pytest.skip(f"{name} not found on PATH or in ${TOOLS_VARIABLE}: these checks run NVIDIA's own program "
-                    "(`make test` adds ../shared/nvidia-tools/bin to PATH; see docs/nvidia-tools.md)")
-    return found
+    if found is not None:
+        return found
+    if shutil.which("go") is None:
+        pytest.skip(f"{name} not found in ${TOOLS_VARIABLE}, {built_tool(name).parent} or on PATH, and Go is not "
+                    "installed to build it from NVIDIA's module (`make nvidia-bins`; see docs/nvidia-tools.md)")
+    done = subprocess.run([str(GOBUILD), BUILT[name][0]], capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0 or find_tool(name) is None:
+        pytest.fail(f"building {name} with tools/gobuild.sh {BUILT[name][0]} failed:\n{done.stderr[-4000:]}")
+    return find_tool(name)  # type: ignore[return-value]
 
 
 def _is_environment(path: Path) -> bool:
