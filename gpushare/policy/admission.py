@@ -319,19 +319,25 @@ def _queue_name(obj: str) -> str:
             f"{_label(template, QUEUE_LABEL)})")
 
 
-def _has_gate(obj: str) -> str:
-    return f"(has({obj}.spec.schedulingGates) && {obj}.spec.schedulingGates.exists(g, g.name == '{KUEUE_GATE}'))"
+def _has_gate(spec: str) -> str:
+    return f"(has({spec}.schedulingGates) && {spec}.schedulingGates.exists(g, g.name == '{KUEUE_GATE}'))"
 
 
 def _suspended(obj: str) -> str:
-    return f"(has({obj}.spec.suspend) && {obj}.spec.suspend)"
+    return f"({obj}.kind == 'Job' && has({obj}.spec.suspend) && {obj}.spec.suspend)"
 
 
+# Fields only some kinds have are read in variables: the API server type-checks each validation against every
+# kind the policy matches (and warns of `spec.suspend` on a Pod), however the expression guards the kind.
 _QUEUE_VARIABLES = [
     {"name": "gpu", "expression": _asks_for_gpus("variables.containers", "variables.resourceClaims")},
     {"name": "oldGpu", "expression": _asks_for_gpus("variables.oldContainers", "variables.oldResourceClaims")},
     {"name": "queueName", "expression": _queue_name("object")},
     {"name": "oldQueueName", "expression": f"variables.isUpdate ? {_queue_name('oldObject')} : ''"},
+    {"name": "gated", "expression": _has_gate("variables.podSpec")},
+    {"name": "wasGated", "expression": f"variables.isUpdate && {_has_gate('variables.oldPodSpec')}"},
+    {"name": "suspended", "expression": _suspended("object")},
+    {"name": "wasSuspended", "expression": f"variables.isUpdate && {_suspended('oldObject')}"},
 ]
 _QUEUE_HOW = (f"label it {QUEUE_LABEL}: {LOCAL_QUEUE} (a Pod, Job, Deployment or StatefulSet itself, a CronJob's "
               "jobTemplate, a ReplicaSet's or DaemonSet's pod template)")
@@ -359,8 +365,8 @@ def _queue_policy(kueue: str) -> dict[str, Any]:
             {
                 # Kueue's webhook gates the pods it manages; a pod of a Job comes from the Job controller instead
                 # (a pod whose ownerReferences a tenant wrote would otherwise look like one to Kueue).
-                "expression": f"object.kind != 'Pod' || request.operation != 'CREATE' || !variables.gpu || "
-                              f"{_has_gate('object')} || variables.jobPod",
+                "expression": "object.kind != 'Pod' || request.operation != 'CREATE' || !variables.gpu || "
+                              "variables.gated || variables.jobPod",
                 "message": f"a GPU pod starts gated by Kueue ({KUEUE_GATE}, added by Kueue's webhook) until Kueue "
                            "admits it; this one is not, so no queue would count it: "
                            f"{_QUEUE_HOW}, and set no ownerReferences on pods you create (a Job's pods come from "
@@ -368,24 +374,23 @@ def _queue_policy(kueue: str) -> dict[str, Any]:
                 "reason": "Forbidden",
             },
             {
-                "expression": f"object.kind != 'Job' || request.operation != 'CREATE' || !variables.gpu || "
-                              f"{_suspended('object')}",
+                "expression": "object.kind != 'Job' || request.operation != 'CREATE' || !variables.gpu || "
+                              "variables.suspended",
                 "message": "a GPU Job starts suspended until Kueue admits it (Kueue's webhook suspends the Jobs "
                            f"labelled {QUEUE_LABEL}); this one is not, so it would run outside the queue: label the "
                            f"Job {QUEUE_LABEL}: {LOCAL_QUEUE} and leave spec.suspend to Kueue",
                 "reason": "Forbidden",
             },
             {
-                "expression": f"object.kind != 'Pod' || !variables.isUpdate || !{_has_gate('oldObject')} || "
-                              f"{_has_gate('object')} || request.userInfo.username == {_lit(kueue)}",
+                "expression": "object.kind != 'Pod' || !variables.wasGated || variables.gated || "
+                              f"request.userInfo.username == {_lit(kueue)}",
                 "message": f"only Kueue lifts its scheduling gate {KUEUE_GATE}, when it admits the workload: leave "
                            f"spec.schedulingGates as they are ({_WAITING})",
                 "reason": "Forbidden",
             },
             {
-                "expression": "object.kind != 'Job' || !variables.isUpdate || "
+                "expression": "!variables.wasSuspended || variables.suspended || "
                               "!(variables.gpu || variables.oldQueueName != '') || "
-                              f"!{_suspended('oldObject')} || {_suspended('object')} || "
                               f"request.userInfo.username == {_lit(kueue)}",
                 "message": "only Kueue resumes a queued Job (spec.suspend: false), when it admits it: leave "
                            f"spec.suspend to Kueue ({_WAITING})",
@@ -726,14 +731,31 @@ DRA_CLAIMS_POLICY = "gpushare-dra-no-tenant-claims"
 
 # ---------------------------------------------------------------- data an envFrom can hand to a container
 
-def _data_keys_ok(field: str, literal: str, kept: bool) -> str:
-    """Every key of `field` is harmless as a variable, or (`kept`) an UPDATE leaves it as it was. Map lookups, not
-    list scans: a ConfigMap may hold many keys."""
-    value = f"object.{field}[k]" if literal != "false" else "''"
-    keep = (f"(request.operation == 'UPDATE' && has(oldObject.{field}) && k in oldObject.{field} && "
-            f"oldObject.{field}[k] == object.{field}[k]) || ") if kept else ""
-    return (f"(has(object.{field}) ? object.{field} : {{}}).all(k, {keep}"
-            f"{_driver_env_ok('k', literal, value, visible_devices_ok=False)})")
+def _data_keys_ok(name: str, literal: str, kept: bool) -> str:
+    """Every key of the map variable `name` is harmless as an environment variable, or (`kept`) an UPDATE leaves it
+    as it was. Map lookups, not list scans: a ConfigMap may hold many keys."""
+    # string(): on a Secret the type checker sees this map's values as bytes (it never is a Secret's at run time).
+    value = f"string(variables.{name}[k])" if literal != "false" else "''"
+    old = "old" + name[0].upper() + name[1:]
+    keep = (f"(k in variables.{old} && variables.{old}[k] == variables.{name}[k]) || ") if kept else ""
+    return f"variables.{name}.all(k, {keep}{_driver_env_ok('k', literal, value, visible_devices_ok=False)})"
+
+
+# (variable, kind, field): a ConfigMap's data is text, a Secret's bytes; each map is read for its own kind only, in
+# variables, so no validation meets a field (or a value type) its kind does not have.
+_DATA_MAPS = (("configMapData", "ConfigMap", "data"), ("binaryData", "ConfigMap", "binaryData"),
+              ("secretData", "Secret", "data"), ("stringData", "Secret", "stringData"))
+
+
+def _data_variables() -> list[dict[str, str]]:
+    out = []
+    for name, kind, key in _DATA_MAPS:
+        old = "old" + name[0].upper() + name[1:]
+        out.append({"name": name, "expression": f"object.kind == '{kind}' && has(object.{key}) ? "
+                                                f"object.{key} : {{}}"})
+        out.append({"name": old, "expression": f"request.operation == 'UPDATE' && oldObject.kind == '{kind}' && "
+                                               f"has(oldObject.{key}) ? oldObject.{key} : {{}}"})
+    return out
 
 
 # ConfigMaps' and Secrets' keys become variables through envFrom, which the workload policies cannot read: judged
@@ -743,8 +765,9 @@ DATA_POLICIES: dict[str, dict[str, Any]] = {
     "gpushare-untrusted-no-driver-env-data": {
         "validations": [{
             # stringData is write-only (merged into data before it is stored): no old value to keep.
-            "expression": " && ".join([_data_keys_ok("data", "object.kind == 'ConfigMap'", kept=True),
+            "expression": " && ".join([_data_keys_ok("configMapData", "true", kept=True),
                                        _data_keys_ok("binaryData", "false", kept=True),
+                                       _data_keys_ok("secretData", "false", kept=True),
                                        _data_keys_ok("stringData", "false", kept=False)]),
             "message": f"ConfigMaps and Secrets of untrusted tenants may not hold keys named {VISIBLE_DEVICES_ENV} or "
                        f"like the other variables envFrom would hand to the NVIDIA container toolkit unseen "
@@ -892,6 +915,7 @@ def admission_objects(deployer: Deployer | None = None, system_namespaces: tuple
     for name, policy in DATA_POLICIES.items():
         out.append(_policy(name, {"failurePolicy": "Fail",
                                   "matchConstraints": {"resourceRules": [dict(r) for r in _DATA_RULES]},
+                                  "variables": _data_variables(),
                                   "validations": policy["validations"]}))
         out.append(_binding(name, name, ["Deny"], _tenant_selector(excluded, UNTRUSTED_ONLY)))
     for name, policy in NAMESPACE_POLICIES.items():
