@@ -84,10 +84,16 @@ def test_the_checkout_is_a_workspace_and_its_defaults_are_the_package_s() -> Non
     assert find_workspace(ROOT / "gpushare" / "cli") == ROOT
     assert (ROOT / "profiles").resolve() == SKELETON / "profiles"
     assert (ROOT / "policies" / "guardrails.yaml").resolve() == SKELETON / "policies" / "guardrails.yaml"
+    assert (ROOT / "policies" / "pack" / "__main__.py").resolve() == SKELETON / "policies" / "pack" / "__main__.py"
     assert (ROOT / "playbooks").resolve() == package_ansible()
-    # The workspace ansible.cfg that init writes is this checkout's, with the package's Ansible content.
-    assert (SKELETON / "ansible.cfg").read_text().split("[defaults]")[1].replace("{ansible}", "playbooks") == \
-        (ROOT / "ansible.cfg").read_text().split("[defaults]")[1]
+    for part in ("environments", "demand"):
+        assert (ROOT / "examples" / part).resolve() == package_data_path("examples", part)
+    # The workspace ansible.cfg that init writes is this checkout's, less the paths of the checkout's own playbooks/
+    # (a workspace's Ansible finds the installed package's: `gpushare ansible-env`).
+    paths = ("inventory_plugins =", "library =", "roles_path =")
+    checkout = [line for line in (ROOT / "ansible.cfg").read_text().split("[defaults]")[1].splitlines()
+                if not line.startswith(paths)]
+    assert (SKELETON / "ansible.cfg").read_text().split("[defaults]")[1].splitlines() == checkout
 
 
 # ---------------------------------------------------------------- init
@@ -113,14 +119,103 @@ def test_init_writes_every_part(workspace: Path) -> None:
     assert {p.name for p in (workspace / "profiles").iterdir()} == {p.name for p in (SKELETON / "profiles").iterdir()}
     project = yaml.safe_load((workspace / "Pulumi.yaml").read_text())
     assert project["name"] == "gpu-fleet" and project["main"] == "infra/" and project["runtime"]["name"] == "python"
-    assert "{" not in (workspace / "ansible.cfg").read_text()
-    for key in ("roles_path", "library", "inventory_plugins"):
-        line = next(x for x in (workspace / "ansible.cfg").read_text().splitlines() if x.startswith(f"{key} ="))
-        assert Path(line.split("=", 1)[1].strip()).is_dir(), line
+    assert "{" not in (workspace / "ansible.cfg").read_text() + (workspace / "requirements.txt").read_text()
+    assert {"policies/pack/PulumiPolicy.yaml", "policies/pack/__main__.py", "requirements.txt"} <= names
     assert (workspace / ".gitignore").read_text().split() == ["build/", ".venv/", ".gpushare/"]
     # The commented waivers example reads as no waivers.
     assert load_waivers(workspace / "policies" / "waivers.yaml", load_guardrails(workspace / "policies" /
                                                                                  "guardrails.yaml"))[0] == []
+
+
+def _absolute_paths(text: str) -> list[str]:
+    return [word for word in text.replace("=", " ").replace('"', " ").split() if word.startswith("/")]
+
+
+def test_a_workspace_names_no_path_of_the_machine_that_made_it(workspace: Path) -> None:
+    """A colleague's clone and CI use the files as they are: no virtualenv, site-packages or checkout path."""
+    import sys
+    from importlib.metadata import version
+
+    import gpushare
+
+    written = {rel: (workspace / rel).read_text() for rel in ("Pulumi.yaml", "ansible.cfg", "requirements.txt",
+                                                            "policies/pack/PulumiPolicy.yaml", "infra/__main__.py")}
+    for rel, text in written.items():
+        assert _absolute_paths(text) == [], rel
+        for machine in (sys.prefix, str(Path(gpushare.__file__).parent), str(ROOT)):
+            assert machine not in text, (rel, machine)
+    project = yaml.safe_load(written["Pulumi.yaml"])
+    # This test's interpreter lives outside the workspace: Pulumi runs the python3 on PATH (the activated virtualenv).
+    assert project["runtime"] == {"name": "python", "options": {"toolchain": "pip"}}
+    pack = yaml.safe_load(written["policies/pack/PulumiPolicy.yaml"])
+    assert pack["runtime"] == project["runtime"]
+    ansible = written["ansible.cfg"]
+    assert not [line for line in ansible.splitlines() if line.startswith(("roles_path", "library", "inventory_"))]
+    assert 'eval "$(gpushare ansible-env)"' in ansible
+    assert f"gpushare=={version('gpushare')}" in written["requirements.txt"].splitlines()
+
+
+def test_a_virtualenv_inside_the_workspace_is_named_by_its_relative_path(outside: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's flow: the virtualenv is made in the new directory first (fleet/.venv), then init fills it."""
+    target = outside / "fleet"
+    (target / ".venv" / "bin").mkdir(parents=True)
+    (target / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (target / ".git").mkdir()
+    monkeypatch.setattr("sys.prefix", str(target / ".venv"))
+    result = runner.invoke(app, ["init", "fleet"])
+    assert result.exit_code == 0, result.output
+    project = yaml.safe_load((target / "Pulumi.yaml").read_text())
+    assert project["runtime"]["options"] == {"toolchain": "pip", "virtualenv": ".venv"}
+    pack = yaml.safe_load((target / "policies" / "pack" / "PulumiPolicy.yaml").read_text())
+    assert pack["runtime"]["options"] == {"toolchain": "pip", "virtualenv": "../../.venv"}
+    assert (target / ".venv" / "pyvenv.cfg").read_text() == "home = /usr/bin\n" and (target / ".git").is_dir()
+    assert (target / WORKSPACE_MARKER).is_file() and "activate the virtualenv" not in result.output
+    assert not [p for p in outside.iterdir() if p.name != "fleet"]  # nothing left beside it
+
+
+@pytest.mark.parametrize(("name", "files", "command"), [
+    ("dra", ["examples/environments/dra.yaml"], ["plan", "--env", "examples/environments/dra.yaml"]),
+    ("demand", ["examples/demand/inference.yaml", "examples/demand/training-cost.yaml"],
+     ["pack", "--demand", "examples/demand/inference.yaml", "--time-limit", "10"]),
+])
+def test_init_example_adds_what_the_docs_use(workspace: Path, monkeypatch: pytest.MonkeyPatch, name: str,
+                                             files: list[str], command: list[str]) -> None:
+    monkeypatch.chdir(workspace)
+    result = runner.invoke(app, ["init", "--example", name])
+    assert result.exit_code == 0, result.output
+    for rel in files:
+        assert (workspace / rel).read_text() == (ROOT / rel).read_text()
+    done = runner.invoke(app, [*command, "--json"])
+    assert done.exit_code == 0, done.output
+    # Never overwritten: a second run refuses and leaves the (edited) file as it is.
+    (workspace / files[0]).write_text("# mine\n")
+    again = runner.invoke(app, ["init", "--example", name])
+    assert again.exit_code == 2 and "would overwrite" in again.output
+    assert (workspace / files[0]).read_text() == "# mine\n"
+
+
+def test_init_example_needs_a_known_name_and_a_workspace(outside: Path) -> None:
+    unknown = runner.invoke(app, ["init", "--example", "nope", str(outside)])
+    assert unknown.exit_code == 2
+    nowhere = runner.invoke(app, ["init", "--example", "dra", str(outside)])
+    assert nowhere.exit_code == 2 and "not a gpushare workspace" in nowhere.output
+    assert not list(outside.iterdir())
+    assert runner.invoke(app, ["init"]).exit_code == 2
+
+
+def test_ansible_env_points_at_the_installed_package(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shlex
+
+    monkeypatch.chdir(workspace)
+    result = runner.invoke(app, ["ansible-env"])
+    assert result.exit_code == 0, result.output
+    env = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in result.stdout.splitlines())
+    assert env["ANSIBLE_CONFIG"] == str(workspace.resolve() / "ansible.cfg")
+    assert env["ANSIBLE_ROLES_PATH"] == str(package_ansible("roles"))
+    assert (Path(env["GPUSHARE_PLAYBOOKS"]) / "site.yml").is_file()
+    assert (Path(env["ANSIBLE_INVENTORY_PLUGINS"]) / "gpushare_fleet.py").is_file()
+    assert json.loads(runner.invoke(app, ["ansible-env", "--json"]).stdout) == env
 
 
 def test_init_refuses_a_used_directory(outside: Path) -> None:
@@ -214,6 +309,6 @@ def test_profiles_carry_an_api_version_and_keep_kind_for_the_sharing_mode(tmp_pa
 def test_shipped_files_carry_their_version() -> None:
     for path in [*SKELETON.rglob("*.yaml"), *(ROOT / "environments").glob("*.yaml"),
                  *(ROOT / "examples" / "demand").glob("*.yaml")]:
-        if path.name.startswith("Pulumi."):
+        if path.name.startswith(("Pulumi.", "PulumiPolicy.")):  # Pulumi's own project files
             continue
         assert yaml.safe_load(path.read_text())["apiVersion"] == "gpushare.io/v1", path

@@ -22,7 +22,7 @@ from gpushare.cli.init import init_command
 from gpushare.cli.pack import pack_command
 from gpushare.cli.preview import preview_command
 from gpushare.cli.promote import promote_command
-from gpushare.cli.rollout import rollout_command
+from gpushare.cli.rollout import ansible_env_command, rollout_command
 from gpushare.cli.showback import showback_command
 from gpushare.core.errors import GpushareError
 
@@ -45,6 +45,7 @@ app.command("preview")(preview_command)
 app.command("pack")(pack_command)
 app.command("promote")(promote_command)
 app.command("rollout")(rollout_command)
+app.command("ansible-env")(ansible_env_command)
 app.command("showback")(showback_command)
 app.command("import")(import_command)
 app.command("drift")(drift_command)

@@ -249,3 +249,24 @@ def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulum
     with progress:
         return execute(plan, journal, ansible, pulumi, kube, Callbacks(on_step, on_batch, on_host),
                        gate_timeout=gate_timeout)
+
+
+def ansible_env_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of shell lines.")] = False,
+) -> None:
+    """Print the settings that point Ansible at this machine's gpushare (its playbooks, roles, modules, inventory
+    plugin) and the workspace's ansible.cfg, for running playbooks by hand: eval "$(gpushare ansible-env)"."""
+    import shlex
+
+    from gpushare.cli.common import fail
+    from gpushare.core.paths import ansible_environment, project_root
+
+    try:
+        env = ansible_environment(project_root())
+    except GpushareError as err:
+        raise fail(err, as_json) from None
+    if as_json:
+        print(json.dumps(env, indent=2))
+        return
+    for key, value in env.items():
+        print(f"export {key}={shlex.quote(value)}")

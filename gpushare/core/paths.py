@@ -29,6 +29,16 @@ def package_ansible(*parts: str) -> Path:
     return Path(str(files("gpushare").joinpath("ansible", *parts)))
 
 
+def ansible_environment(workspace: Path) -> dict[str, str]:
+    """How Ansible finds gpushare's content on this machine: the workspace's ansible.cfg, and the installed package's
+    roles, modules and inventory plugin (ANSIBLE_* settings win over the file), with the playbooks' folder. Found
+    where the package is, so a workspace's files name no path of the machine that made them."""
+    return {"ANSIBLE_CONFIG": str(workspace / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(package_ansible("roles")),
+            "ANSIBLE_LIBRARY": str(package_ansible("library")),
+            "ANSIBLE_INVENTORY_PLUGINS": str(package_ansible("inventory_plugins")),
+            "GPUSHARE_PLAYBOOKS": str(package_ansible())}
+
+
 def find_workspace(start: Path) -> Path | None:
     """The nearest directory at or above `start` holding the workspace marker, as Git and Pulumi find theirs."""
     start = start.resolve()

@@ -90,7 +90,7 @@ class Demand(Strict):
         if not self.workloads:
             raise invalid("the demand lists no workloads, so there is nothing to plan",
                           "add workloads: [{name, tenant, kind, memory_gib, compute, replicas}, ...] "
-                          "(examples/demand/inference.yaml shows one)")
+                          "(examples/demand/inference.yaml shows one: `gpushare init --example demand`)")
         return self
 
     @model_validator(mode="after")
@@ -108,7 +108,8 @@ def load_demand(path: Path) -> tuple[Demand, Located]:
     doc = read_yaml(path)
     if not isinstance(doc.data, dict):
         raise GpushareError(Problem("a demand file must be a mapping", file=doc.file, line=1,
-                                    fix="start from examples/demand/inference.yaml"))
+                                    fix="start from examples/demand/inference.yaml (`gpushare init --example demand` "
+                                        "adds it)"))
     try:
         demand = Demand.model_validate(file_body(doc, "Demand"))
     except ValidationError as exc:

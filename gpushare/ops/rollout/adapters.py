@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.paths import package_ansible, project_root
+from gpushare.core.paths import ansible_environment, package_ansible, project_root
 from gpushare.ops.rollout.plan import KEEP_CONFIGS_KEY, Step
 
 
@@ -119,9 +119,8 @@ class AnsibleBackend:
         self.logs.mkdir(parents=True, exist_ok=True)
         # Ansible does not walk up: the workspace's ansible.cfg is named, and the package's playbooks run with its
         # own roles, modules and inventory plugin whatever that file says.
-        env = {"ANSIBLE_CONFIG": os.environ.get("ANSIBLE_CONFIG", str(root / "ansible.cfg")),
-               "ANSIBLE_ROLES_PATH": str(package_ansible("roles")), "ANSIBLE_LIBRARY": str(package_ansible("library")),
-               "ANSIBLE_INVENTORY_PLUGINS": str(package_ansible("inventory_plugins")),
+        env = {**ansible_environment(root),
+               "ANSIBLE_CONFIG": os.environ.get("ANSIBLE_CONFIG", str(root / "ansible.cfg")),
                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])}
         extravars: dict[str, Any] = {}
         if self.kubeconfig is not None:
@@ -186,6 +185,12 @@ class Kube:
 # ---------------------------------------------------------------- Pulumi
 
 
+def pulumi_environment() -> dict[str, str]:
+    """What the Pulumi CLI runs the workspace's program with where Pulumi.yaml sets no virtualenv (PULUMI_PYTHON_CMD
+    is the Python language host's setting for it): the interpreter running gpushare, which has the package."""
+    return {"PULUMI_PYTHON_CMD": os.environ.get("PULUMI_PYTHON_CMD", sys.executable)}
+
+
 class PulumiRunner:
     """Pulumi through its Automation API when the CLI is installed; otherwise the exact commands for a person."""
 
@@ -210,7 +215,10 @@ class PulumiRunner:
     def _up(self, step: Step) -> tuple[str, str]:
         from pulumi import automation as auto
 
-        stack = auto.select_stack(stack_name=step.detail["stack"], work_dir=str(project_root()))
+        # The workspace's Pulumi.yaml names no interpreter (or only its own .venv): without one, Pulumi runs the
+        # program with this gpushare's Python, wherever it is installed on this machine.
+        stack = auto.select_stack(stack_name=step.detail["stack"], work_dir=str(project_root()),
+                                  opts=auto.LocalWorkspaceOptions(env_vars=pulumi_environment()))
         if step.step == "pulumi-add" and step.detail.get("keep"):
             for i, entry in enumerate(step.detail["keep"]):
                 stack.set_config(f"{KEEP_CONFIGS_KEY}[{i}].name", auto.ConfigValue(value=entry["name"]), path=True)
