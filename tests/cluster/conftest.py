@@ -5,6 +5,7 @@ runs): a missing binary fails the tests there; only a machine without Go skips t
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -40,7 +41,10 @@ def cluster_bins() -> binaries.Binaries:
 def cluster_folder() -> Iterator[Path]:
     folder = Path(tempfile.mkdtemp(prefix="gpushare-controlplane-"))
     yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    if os.environ.get("GPUSHARE_KEEP_CLUSTER_LOGS"):  # certificates, kubeconfigs and every program's log
+        print(f"control-plane folder kept: {folder}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -66,6 +66,13 @@ class Applied:
     nodes: list[dict[str, Any]]  # the planned nodes (plan --json entries)
     plan: dict[str, Any]
     first: dict[str, Answer] = field(default_factory=dict)  # ident -> answer of the first apply
+    _kueue: KueueStandIn | None = None
+
+    @property
+    def kueue(self) -> KueueStandIn:
+        if self._kueue is None:
+            self._kueue = KueueStandIn(self.kube)
+        return self._kueue
 
 
 def ordered(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -142,3 +149,46 @@ def tenant_pod(namespace: str, priority: str, resources: dict[str, int], name: s
         del limits[key]
     limits.update({k: str(v) for k, v in resources.items()})
     return pod
+
+
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+
+
+def gated(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod as Kueue's webhook leaves it on create: held by Kueue's scheduling gate until Kueue admits it."""
+    pod["spec"].setdefault("schedulingGates", []).append({"name": KUEUE_GATE})
+    return pod
+
+
+class KueueStandIn:
+    """What Kueue's controller does to a gated pod when it admits its workload onto a ResourceFlavor, done under
+    Kueue's own ServiceAccount (kueue-system/kueue-controller-manager, the identity gpushare's policies let lift the
+    gate): the flavor's node labels join the node selector, its tolerations are added, the gate is removed.
+    tests/cluster/test_kueue.py runs Kueue itself; here only the scheduler's side of admission is wanted."""
+
+    def __init__(self, kube: Kube) -> None:
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}, dry_run=False)
+        kube.apply({"apiVersion": "v1", "kind": "ServiceAccount",
+                    "metadata": {"name": "kueue-controller-manager", "namespace": "kueue-system"}})
+        kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": "kueue-stand-in"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": "cluster-admin"},
+                    "subjects": [{"kind": "ServiceAccount", "name": "kueue-controller-manager",
+                                  "namespace": "kueue-system"}]})
+        self.kube = kube.as_service_account("kueue-system", "kueue-controller-manager")
+
+    def admit(self, pod: dict[str, Any], flavor: dict[str, Any] | None = None) -> None:
+        meta = pod["metadata"]
+        for _ in range(10):  # controllers write the pod's status meanwhile: read it again on a conflict, as Kueue does
+            current = self.kube.get("v1", "Pod", meta["name"], meta["namespace"])
+            assert current is not None, meta["name"]
+            spec = current["spec"]
+            spec["schedulingGates"] = [g for g in spec.get("schedulingGates", []) if g["name"] != KUEUE_GATE]
+            if flavor:
+                spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **flavor.get("nodeLabels", {})}
+                spec["tolerations"] = [*spec.get("tolerations", []), *flavor.get("tolerations", [])]
+            answer = self.kube.update(current, dry_run=False)
+            if answer.status != 409:
+                break
+        assert answer.allowed, f"Kueue's admission of {meta['name']} was refused: {answer.message}"

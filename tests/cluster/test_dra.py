@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from gpushare.core.paths import package_data_path
-from tests.cluster.environments import Applied, tenant_client, tenant_pod
+from tests.cluster.environments import Applied, gated, tenant_client, tenant_pod
 from tests.cluster.kube import Kube, eventually
 
 ENV, CLUSTER = "dra", "lab-dra"
@@ -86,11 +86,39 @@ def templates(a: Applied, namespace: str) -> dict[str, dict[str, Any]]:
             if o["kind"] == "ResourceClaimTemplate" and o["metadata"]["namespace"] == namespace}
 
 
+def quota_of(a: Applied, namespace: str, device_class: str) -> int:
+    key = f"{device_class}.deviceclass.resource.k8s.io/devices"
+    return sum(int(o["spec"]["hard"].get(key, 0)) for o in a.objects if o["kind"] == "ResourceQuota"
+               and o["metadata"]["namespace"] == namespace and o["metadata"]["name"] == "gpushare-gpu-quota")
+
+
+def usable(a: Applied) -> list[tuple[dict[str, Any], str, dict[str, Any]]]:
+    """(tenant, template name, its DeviceClass) for every template a tenant has quota to use: per class, the
+    first tenant with quota for it."""
+    classes = {o["metadata"]["name"]: o for o in a.objects if o["kind"] == "DeviceClass"}
+    out, seen = [], set()
+    for tenant in a.plan["tenants"]:
+        for name, template in templates(a, tenant["namespace"]).items():
+            cls = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+            if cls not in seen and quota_of(a, tenant["namespace"], cls) > 0:
+                seen.add(cls)
+                out.append((tenant, name, classes[cls]))
+    return out
+
+
+def flavor_for(a: Applied, cls: dict[str, Any]) -> dict[str, Any]:
+    """The ResourceFlavor of the pool serving the class's profile: Kueue admits the workload onto it."""
+    pools = {n["pool"] for n in a.nodes if n["profile"] == cls["metadata"]["labels"]["gpushare.io/profile"]}
+    (flavor,) = [o["spec"] for o in a.objects if o["kind"] == "ResourceFlavor"
+                 and o["spec"].get("nodeLabels", {}).get("gpushare.io/pool") in pools]
+    return dict(flavor)
+
+
 def claim_pod(namespace: str, priority: str, template: str) -> dict[str, Any]:
     pod = tenant_pod(namespace, priority, {}, name=f"dra-{next(_names)}")
     pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
     pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
-    return pod
+    return gated(pod)
 
 
 def allocation(kube: Kube, pod: dict[str, Any]) -> list[dict[str, Any]]:
@@ -105,7 +133,15 @@ def allocation(kube: Kube, pod: dict[str, Any]) -> list[dict[str, Any]]:
         c = kube.get("resource.k8s.io/v1", "ResourceClaim", statuses[0]["resourceClaimName"], meta["namespace"])
         return c if c and c.get("status", {}).get("allocation") else None
 
-    found = eventually(claim, what=f"the claim of pod {meta['name']} allocated")
+    def why() -> str:
+        got = kube.get("v1", "Pod", meta["name"], meta["namespace"]) or {}
+        return str([c for c in got.get("status", {}).get("conditions", []) if c["type"] == "PodScheduled"]
+                   + [got.get("spec", {}).get("schedulingGates"), got.get("status", {}).get("resourceClaimStatuses")])
+
+    try:
+        found = eventually(claim, timeout=30, what=f"the claim of pod {meta['name']} allocated")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the pod: {why()}") from None
     return list(found["status"]["allocation"]["devices"]["results"])
 
 
@@ -116,17 +152,14 @@ def device_attributes(a: Applied, node: str, device: str) -> dict[str, Any]:
 
 
 def test_each_template_is_allocated_exactly_its_model_and_profile(dra: Applied) -> None:
-    tenant = next(t for t in dra.plan["tenants"] if t["name"] == "research")
-    client = tenant_client(dra.kube, tenant["namespace"])
-    classes = {o["metadata"]["name"]: o for o in dra.objects if o["kind"] == "DeviceClass"}
     checked = 0
-    for name, template in templates(dra, tenant["namespace"]).items():
-        request = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
-        cls = classes[request["deviceClassName"]]
+    for tenant, name, cls in usable(dra):
+        client = tenant_client(dra.kube, tenant["namespace"])
         pod = claim_pod(tenant["namespace"], tenant["priority"], name)
         made = client.create(pod, dry_run=False)
         assert made.allowed, (name, made.message)
         try:
+            dra.kueue.admit(pod, flavor_for(dra, cls))
             (result,) = allocation(dra.kube, pod)
             attrs = device_attributes(dra, result["pool"], result["device"])
         finally:
@@ -139,6 +172,28 @@ def test_each_template_is_allocated_exactly_its_model_and_profile(dra: Applied) 
             assert "type == 'gpu'" in expression, (name, attrs)
         checked += 1
     assert checked >= 4
+
+
+def test_a_claim_beyond_the_tenants_quota_is_refused(dra: Applied) -> None:
+    """The claim controller's claim counts against the namespace's ResourceQuota of DeviceClass devices."""
+    tenant = next(t for t in dra.plan["tenants"] if t["trust"] == "untrusted")
+    (name, cls) = next((n, t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"])
+                       for n, t in templates(dra, tenant["namespace"]).items()
+                       if quota_of(dra, tenant["namespace"], t["spec"]["spec"]["devices"]["requests"][0]["exactly"][
+                           "deviceClassName"]) == 0)
+    client = tenant_client(dra.kube, tenant["namespace"])
+    pod = claim_pod(tenant["namespace"], tenant["priority"], name)
+    assert client.create(pod, dry_run=False).allowed
+    try:
+        meta = pod["metadata"]
+        events = eventually(lambda: [e for e in dra.kube.list("v1", "Event", meta["namespace"])
+                                     if e["involvedObject"]["name"] == meta["name"]
+                                     and e["reason"] == "FailedResourceClaimCreation"],
+                            what="the claim controller reports the refused claim")
+        assert "exceeded quota: gpushare-gpu-quota" in events[0]["message"] and cls in events[0]["message"]
+        assert not dra.kube.list("resource.k8s.io/v1", "ResourceClaim", meta["namespace"])
+    finally:
+        dra.kube.delete(pod)
 
 
 def test_an_untrusted_tenant_cannot_claim_a_shared_class_or_admin_access(dra: Applied) -> None:
@@ -168,27 +223,27 @@ def test_an_untrusted_tenant_cannot_claim_a_shared_class_or_admin_access(dra: Ap
         assert answer.status in (403, 422), (who["name"], answer.status, answer.body)
 
 
-def test_exclusive_and_mig_claims_never_share_a_device(dra: Applied) -> None:
-    """With consumable shares on for the cluster (for time-slicing), a GPU or MIG device is published as shareable:
-    a claim from an exclusive or MIG template must still get its device to itself."""
-    a = dra
-    tenants = [t for t in a.plan["tenants"] if t["name"] in ("research", "partner-eval")]
-    exclusive_name = next(n for n in templates(a, tenants[0]["namespace"]) if n.endswith("exclusive"))
-    gpus = sum(n["gpus_per_node"] for n in a.nodes if n["sharing"] == "exclusive")
-    pods, seen = [], {}
-    try:
-        for i in range(gpus):
-            tenant = tenants[i % 2]
-            client = tenant_client(a.kube, tenant["namespace"])
-            pod = claim_pod(tenant["namespace"], tenant["priority"], exclusive_name)
-            made = client.create(pod, dry_run=False)
-            assert made.allowed, made.message
-            pods.append(pod)
-        for pod in pods:
-            (result,) = allocation(a.kube, pod)
-            key = (result["pool"], result["device"])
-            assert key not in seen, f"{pod['metadata']['namespace']} got {key}, already {seen[key]}'s"
-            seen[key] = pod["metadata"]["namespace"]
-    finally:
-        for pod in pods:
-            a.kube.delete(pod)
+def test_exclusive_and_mig_claims_take_their_device_whole(dra: Applied) -> None:
+    """With consumable shares on for the cluster (for time-slicing), every GPU and MIG device is published as
+    shareable: a claim from an exclusive or MIG template must still consume all of its device's shares, so that no
+    other claim, of any tenant, is allocated the same device."""
+    shares = consumable_shares(dra)
+    assert shares is not None
+    checked = 0
+    for tenant, name, cls in usable(dra):
+        if cls["spec"]["config"][0]["opaque"]["parameters"].get("sharing", {}).get("strategy") in ("TimeSlicing",
+                                                                                                    "MPS"):
+            continue
+        client = tenant_client(dra.kube, tenant["namespace"])
+        pod = claim_pod(tenant["namespace"], tenant["priority"], name)
+        made = client.create(pod, dry_run=False)
+        assert made.allowed, (name, made.message)
+        try:
+            dra.kueue.admit(pod, flavor_for(dra, cls))
+            (result,) = allocation(dra.kube, pod)
+        finally:
+            dra.kube.delete(pod)
+        consumed = result.get("consumedCapacity", {}).get("shares")
+        assert consumed == str(shares), f"{name}: the claim took {consumed} of {shares} shares of {result['device']}"
+        checked += 1
+    assert checked >= 4

@@ -1,8 +1,8 @@
 """Scheduling, for real: kwok nodes made from `gpushare plan --json` (labels, taints and allocatable exactly as
 planned; the Pulumi-owned labels arrive by applying the preview's Node patches), and Kubernetes' own scheduler
-placing tenants' pods. Kueue is not running here (tests/cluster/test_kueue.py runs it): a pod is given what Kueue
-adds when it admits a workload onto a ResourceFlavor (the flavor's node labels as a node selector, its
-tolerations), which is how a tenant's queued pod reaches a pool."""
+placing tenants' pods. Kueue is not running here: a tenant's pod is created gated, as Kueue's webhook leaves it,
+and then given what Kueue's controller adds when it admits the workload onto a ResourceFlavor (the flavor's node
+labels, its tolerations, the gate lifted; environments.KueueStandIn), which is how a queued pod reaches a pool."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.environments import tenant_client, tenant_pod
+from tests.cluster.environments import gated, tenant_client, tenant_pod
 from tests.cluster.kube import Kube, eventually
 
 CLUSTERS = [("dev", "dev-metal"), ("pilot", "pilot-metal")]
@@ -73,12 +73,12 @@ def test_queued_pods_land_on_their_flavors_pool_where_the_resource_is_advertised
         client = tenant_client(a.kube, tenant["namespace"])
         for flavor, resource in queue_flavors(a, tenant["name"]):
             spec = flavor_specs[flavor]
-            pod = tenant_pod(tenant["namespace"], tenant["priority"], {resource: 1}, name=f"q-{next(_names)}")
-            pod["spec"]["nodeSelector"] = dict(spec.get("nodeLabels", {}))
-            pod["spec"]["tolerations"] = list(spec.get("tolerations", []))
+            pod = gated(tenant_pod(tenant["namespace"], tenant["priority"], {resource: 1},
+                                   name=f"q-{next(_names)}"))
             made = client.create(pod, dry_run=False)
             assert made.allowed, (tenant["name"], flavor, resource, made.message)
             try:
+                a.kueue.admit(pod, spec)
                 node = nodes[node_of(a.kube, pod)]
             finally:
                 a.kube.delete(pod)
