@@ -820,7 +820,7 @@ class _SeriesOnly:
     ({}, "DCGM series have no hostname label (Hostname before dcgm-exporter 4.6.0-4.8.3)"),
 ], ids=["hostname", "Hostname-older-exporter", "neither"])
 def test_join_diagnosis_reads_either_spelling_of_the_node_label(dcgm: dict[str, str], says: str) -> None:
-    from gpushare.ops.capacity import diagnose_join
+    from gpushare.ops.diagnose import diagnose_join
 
     prom = _SeriesOnly(
         {"__name__": "DCGM_FI_DEV_GPU_UTIL", "UUID": "GPU-under-1-0", "gpu": "0", **dcgm},

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from gpushare.cli import app
 from gpushare.core.guardrails import load_guardrails
 from gpushare.core.resolve import resolve
-from gpushare.ops.capacity import Prometheus
+from gpushare.ops.prometheus import Prometheus
 from gpushare.ops.promote import health_gates
 from tests.conftest import ENVIRONMENTS, PROFILES, WORKSPACE
 from tests.prometheus.promote_history import DAY, NEW_PROFILE, History, backfill, promotion_root

@@ -53,7 +53,7 @@ def promote_command(
     from gpushare.cli.common import fail
     from gpushare.core.guardrails import load_guardrails
     from gpushare.core.resolve import resolve_env
-    from gpushare.ops.capacity import Prometheus
+    from gpushare.ops.prometheus import Prometheus
     from gpushare.ops.promote import (
         check_promotion,
         guardrails_gate,

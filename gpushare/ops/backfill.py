@@ -28,7 +28,7 @@ from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import check_output_dir
 from gpushare.core.guardrails import Guardrails, duration_seconds, load_guardrails
 from gpushare.core.resolve import ResolvedFleet, resolve_env
-from gpushare.ops.capacity import Prometheus, read_steps, window_steps
+from gpushare.ops.prometheus import Prometheus, read_steps, window_steps
 from gpushare.render.monitoring import prometheus_rule_groups
 from gpushare.render.monitoring.promql import metric_names
 

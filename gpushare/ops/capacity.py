@@ -19,13 +19,9 @@ Nothing is applied: the proposal is a patch of the environment file (and new pro
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,213 +32,21 @@ from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import check_output_file, write_file
 from gpushare.core.guardrails import Guardrails, duration_seconds, load_guardrails
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve_env
+from gpushare.ops.diagnose import diagnose_join
+from gpushare.ops.patch import Proposal, dump_yaml, keep_untouched_lines, roundtrip_yaml
+from gpushare.ops.prometheus import (
+    Prometheus,
+    Series,
+    apply_stat,
+    read_steps,
+    sample_value,
+    window_stat,
+    window_steps,
+)
 from gpushare.render.monitoring import rules as r
-from gpushare.render.monitoring.promql import HOST_LABEL, LEGACY_HOST_LABEL, alternatives, ksm_name
+from gpushare.render.monitoring.promql import alternatives, ksm_name
 
 GIB = 1024**3
-
-# ---------------------------------------------------------------- Prometheus HTTP API
-
-
-# Prometheus's query limits (the flag that sets each) and the words of its error when a query reaches one.
-SERVER_LIMITS = (
-    ("--query.max-samples", "too many samples"),
-    ("--query.timeout", "query timed out"),
-    ("the 11,000 points per series of a range query", "exceeded maximum resolution"),
-)
-
-
-class ServerLimit(GpushareError):
-    """A query Prometheus refused at one of its limits: the reader splits it and retries, or names the limit."""
-
-    def __init__(self, flag: str, query: str, detail: str) -> None:
-        self.flag, self.query, self.detail = flag, query, detail
-        super().__init__(Problem(
-            f"Prometheus refused the {query} query at its {flag} limit ({detail})",
-            fix=f"raise {flag} on the server, or deploy gpushare's recording rules (and backfill them over older "
-                "history with `gpushare capacity --backfill-rules`) so that capacity reads pool-level series"),
-            exit_code=2)
-
-
-@dataclass
-class QueryTiming:
-    name: str
-    seconds: float  # what Prometheus reports (evalTotalTime), or wall time where it reports none
-    wall: float
-
-
-class Prometheus:
-    """The /api/v1/query and /api/v1/query_range endpoints. Errors name the URL and what to do."""
-
-    def __init__(self, url: str, timeout: float = 120.0) -> None:
-        try:
-            parsed = urllib.parse.urlsplit(url)
-            ok = parsed.scheme in ("http", "https") and bool(parsed.hostname) and parsed.port != 0
-        except ValueError:  # an unclosed IPv6 bracket, a port that is not a number or above 65535
-            ok = False
-        if not ok:
-            raise GpushareError(Problem(f"--prometheus {url[:200]!r} is not an http(s) URL",
-                                        fix="give the Prometheus base URL, e.g. http://prometheus:9090"), exit_code=2)
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-        self.timings: list[QueryTiming] = []
-
-    def query(self, name: str, expr: str, at: float) -> list[dict[str, Any]]:
-        """One value per series at `at` (an instant vector)."""
-        return self._call("query", name, {"query": expr, "time": f"{at:.3f}"}, "vector")
-
-    def query_range(self, name: str, expr: str, start: float, end: float, step: int) -> list[dict[str, Any]]:
-        """Values per series every `step` seconds from start to end (a matrix: `values` of [time, text])."""
-        return self._call("query_range", name, {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                                "step": str(step)}, "matrix")
-
-    def series(self, name: str, selector: str, start: float, end: float) -> list[dict[str, Any]]:
-        """The label sets of the series a selector matches between start and end (/api/v1/series): no samples are
-        read, so it costs the same at any scrape interval and window. Returned as {"metric": labels} like a query."""
-        return self._call("series", name, {"match[]": selector, "start": f"{start:.3f}", "end": f"{end:.3f}"},
-                          "series")
-
-    def _call(self, endpoint: str, name: str, params: dict[str, str], result_type: str) -> list[dict[str, Any]]:
-        body = urllib.parse.urlencode({**params, "stats": "all"}).encode()
-        request = urllib.request.Request(f"{self.url}/api/v1/{endpoint}", data=body, method="POST",
-                                         headers={"Content-Type": "application/x-www-form-urlencoded"})
-        started = time.perf_counter()
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - user's URL
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")
-            try:
-                detail = json.loads(detail).get("error", detail)
-            except ValueError:
-                pass
-            flag = next((flag for flag, marker in SERVER_LIMITS if marker in detail), None)
-            if flag is not None:
-                raise ServerLimit(flag, name, f"{self.url}: {detail[:300]}") from None
-            raise GpushareError(Problem(
-                f"Prometheus at {self.url} refused the {name} query: HTTP {exc.code}: {detail[:300]}",
-                fix="check that --prometheus is the Prometheus server's base URL (no /graph or /api path)"),
-                exit_code=2) from None
-        except TimeoutError:
-            raise ServerLimit("--query.timeout", name, f"no answer from {self.url} within {self.timeout:.0f} s") \
-                from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError):
-                raise ServerLimit("--query.timeout", name, f"no answer from {self.url} within {self.timeout:.0f} s") \
-                    from None
-            raise GpushareError(Problem(f"cannot reach Prometheus at {self.url}: {reason}",
-                                        fix="check --prometheus (scheme, host, port) and that the server is up"),
-                                exit_code=2) from None
-        wall = time.perf_counter() - started
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            raise GpushareError(Problem(f"{self.url} did not answer like a Prometheus API (no JSON)",
-                                        fix="point --prometheus at a Prometheus server"), exit_code=2) from None
-        if doc.get("status") != "success":
-            raise GpushareError(Problem(f"Prometheus at {self.url}: {doc.get('error', doc)}"), exit_code=2)
-        data = doc["data"]
-        if result_type == "series":  # a list of label sets, no stats
-            self.timings.append(QueryTiming(name, wall, wall))
-            return [{"metric": labels} for labels in data]
-        reported = data.get("stats", {}).get("timings", {}).get("evalTotalTime")
-        self.timings.append(QueryTiming(name, float(reported) if reported is not None else wall, wall))
-        if data.get("resultType") != result_type:
-            raise GpushareError(Problem(f"Prometheus answered the {name} query with {data.get('resultType')}"))
-        result: list[dict[str, Any]] = data["result"]
-        return result
-
-
-def _value(sample: dict[str, Any]) -> float | None:
-    value = float(sample["value"][1])
-    return None if math.isnan(value) or math.isinf(value) else value
-
-
-# ---------------------------------------------------------------- window statistics, read in chunks the server accepts
-
-CHUNK_SECONDS = 86400  # one range query reads at most a day of steps; a refused chunk is halved until it passes
-READERS = 4  # chunks in flight at once (Prometheus runs 20 queries at a time by default)
-_WINDOW_STAT = re.compile(r"(avg|max|count|quantile)_over_time\((?:([0-9.]+), )?\((.*)\)\[(\w+):(\w+)\]\)", re.S)
-Series = dict[tuple[tuple[str, str], ...], list[float]]  # labels -> values at the steps where the series has one
-
-
-@dataclass(frozen=True)
-class WindowStat:
-    """`fn_over_time((inner)[window:step])` taken apart: gpushare reads `inner` at the steps and applies `fn`."""
-
-    fn: str  # avg, max, count or quantile
-    inner: str
-    phi: float = 0.0
-
-
-def window_stat(expr: str, window: str, step: str) -> WindowStat | None:
-    """The statistic and inner expression of a whole-window subquery, or None for any other query."""
-    match = _WINDOW_STAT.fullmatch(expr.strip())
-    if match is None or (match.group(4), match.group(5)) != (window, step):
-        return None
-    fn, phi, inner = match.group(1), match.group(2), match.group(3)
-    depth = 0
-    for char in re.sub(r'"(?:[^"\\]|\\.)*"', '""', inner):  # `(a)[w:s]) or f((b)` is two subqueries, not one
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth < 0:
-            return None
-    if depth or (fn == "quantile") != (phi is not None):
-        return None
-    return WindowStat(fn, inner, float(phi or 0.0))
-
-
-def apply_stat(stat: WindowStat, values: list[float]) -> float:
-    """What Prometheus's `<fn>_over_time` gives over these values (NaN where it would give NaN)."""
-    if stat.fn == "count":
-        return float(len(values))
-    if stat.fn == "avg":
-        return math.fsum(values) / len(values)
-    finite = sorted(v for v in values if not math.isnan(v))
-    if not finite:
-        return math.nan
-    if stat.fn == "max":
-        return finite[-1]
-    rank = stat.phi * (len(finite) - 1)  # Prometheus's quantile: linear between the two closest ranks
-    lower = max(0, math.floor(rank))
-    upper = min(len(finite) - 1, lower + 1)
-    return finite[lower] + (finite[upper] - finite[lower]) * (rank - math.floor(rank))
-
-
-def window_steps(window: str, step: str, at: float) -> tuple[int, int, int]:
-    """(first, last, step) in ms: the steps a `[window:step]` subquery evaluated at `at` reads (aligned to step)."""
-    step_ms = duration_seconds(step) * 1000
-    at_ms = round(at * 1000)
-    first = -(-(at_ms - duration_seconds(window) * 1000) // step_ms) * step_ms
-    return first, at_ms // step_ms * step_ms, step_ms
-
-
-def read_steps(prom: Prometheus, name: str, expr: str, steps: tuple[int, int, int]) -> Series:
-    """`expr` at every step from first to last, as range queries of at most CHUNK_SECONDS each, READERS at a time;
-    a chunk Prometheus refuses at a limit is halved and retried, down to a single step."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    first, last, step_ms = steps
-    per_chunk = max(1, CHUNK_SECONDS * 1000 // step_ms)
-    chunks = [(s, min(last, s + (per_chunk - 1) * step_ms)) for s in range(first, last + 1, per_chunk * step_ms)]
-
-    def read(chunk: tuple[int, int]) -> list[dict[str, Any]]:
-        start, end = chunk
-        try:
-            return prom.query_range(name, expr, start / 1000, end / 1000, step_ms // 1000)
-        except ServerLimit:
-            if start == end:
-                raise
-            middle = start + (end - start) // step_ms // 2 * step_ms
-            return read((start, middle)) + read((middle + step_ms, end))
-
-    out: Series = {}
-    with ThreadPoolExecutor(max_workers=READERS) as pool:
-        for result in pool.map(read, chunks):
-            for series in result:
-                key = tuple(sorted(series.get("metric", {}).items()))
-                out.setdefault(key, []).extend(float(v) for _t, v in series["values"])
-    return out
 
 
 # ---------------------------------------------------------------- evidence
@@ -429,7 +233,7 @@ def collect_evidence(prom: Prometheus, fleet: ResolvedFleet, guardrails: Guardra
         if stat is None:
             if progress:
                 progress(name)
-            results = [(s.get("metric", {}), _value(s)) for s in prom.query(name, expr, at)]
+            results = [(s.get("metric", {}), sample_value(s)) for s in prom.query(name, expr, at)]
         else:
             if stat.inner not in read:
                 if progress:
@@ -771,78 +575,6 @@ def recommend(fleet: ResolvedFleet, guardrails: Guardrails, evidence: dict[str, 
 # ---------------------------------------------------------------- the proposal: a patch, never applied
 
 
-@dataclass
-class Proposal:
-    files: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # relative path -> (old, new)
-    applied: list[str] = field(default_factory=list)  # pools whose change is in the patch
-    withheld: dict[str, str] = field(default_factory=dict)  # pool -> why its change is not in the patch
-
-    @property
-    def patch(self) -> str:
-        import difflib
-
-        out: list[str] = []
-        for rel, (old, new) in sorted(self.files.items()):
-            out += difflib.unified_diff((old or "").splitlines(True), new.splitlines(True),
-                                        fromfile="/dev/null" if old is None else f"a/{rel}", tofile=f"b/{rel}")
-        return "".join(out)
-
-
-def roundtrip_yaml() -> Any:
-    from ruamel.yaml import YAML
-
-    y = YAML()
-    y.preserve_quotes = True
-    y.width = 4096
-    y.indent(mapping=2, sequence=4, offset=2)
-    return y
-
-
-def dump_yaml(y: Any, data: Any) -> str:
-    import io
-
-    buf = io.StringIO()
-    y.dump(data, buf)
-    return buf.getvalue()
-
-
-def keep_untouched_lines(original: str, reloaded: str, edited: str) -> str:
-    """`edited` (the round-trip dump after the edits) with every stretch the edits did not touch taken from
-    `original` as written: the dump re-wraps some untouched lines (long flow mappings), which a patch must not."""
-    from difflib import SequenceMatcher
-
-    orig, base, new = original.splitlines(True), reloaded.splitlines(True), edited.splitlines(True)
-    units: list[tuple[int, int, int, int]] = []  # (base start, base end, original start, original end)
-    for tag, i1, i2, j1, j2 in SequenceMatcher(None, orig, base, autojunk=False).get_opcodes():
-        if tag == "equal":
-            lines = [(j, j + 1, i1 + j - j1, i1 + j - j1 + 1) for j in range(j1, j2)]
-            if units and units[-1][0] == units[-1][1]:  # the original's own opening lines go with the first line
-                lines[0] = (j1, j1 + 1, 0, i1 + 1)
-                units.pop()
-            units += lines
-        elif j1 == j2:  # lines only the original has: kept with the stretch before them (or from the top)
-            units[-1:] = [(*units[-1][:3], i2)] if units else [(0, 0, 0, i2)]
-        elif units and units[-1][0] == units[-1][1]:
-            units[-1] = (j1, j2, 0, i2)
-        else:
-            units.append((j1, j2, i1, i2))
-    changes = [op for op in SequenceMatcher(None, base, new, autojunk=False).get_opcodes() if op[0] != "equal"]
-    dirty = {u for u in units for _, j1, j2, _, _ in changes
-             if (j1 < u[1] and u[0] < j2) or (j1 == j2 and u[0] < j1 < u[1])}
-    unit_of = {j: u for u in units for j in range(u[0], u[1])}
-    out: list[str] = []
-    for tag, j1, j2, k1, k2 in SequenceMatcher(None, base, new, autojunk=False).get_opcodes():
-        if tag != "equal":
-            out += new[k1:k2]
-            continue
-        for j in range(j1, j2):
-            unit = unit_of.get(j)
-            if unit is None or unit in dirty:
-                out.append(base[j])
-            elif j == unit[0]:
-                out += orig[unit[2]:unit[3]]
-    return "".join(out)
-
 
 def _profile_for_replicas(fleet: ResolvedFleet, guardrails: Guardrails, pool: ResolvedPool, replicas: int,
                           new_profiles: dict[str, dict[str, Any]]) -> tuple[str | None, str]:
@@ -1182,63 +914,6 @@ def _check_options(source: str, window: str) -> None:
                                     fix="use e.g. 7d, 36h or 90m"), exit_code=2)
 
 
-DCGM_UTILIZATION = "DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-
-
-def _series_text(sample: dict[str, Any]) -> str:
-    labels = dict(sample.get("metric", {}))
-    name = labels.pop("__name__", "")
-    shown = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())
-                      if k in ("instance", "gpu", "UUID", "pod", "node"))
-    return f"{name}{{{shown}}}"
-
-
-def diagnose_join(prom: Prometheus, fleet: ResolvedFleet, window: str, at: float) -> Problem:
-    """Why no pool has GPU utilization: which series lack which label (dcgm-exporter's hostname, or Hostname from
-    exporters before 4.6.0-4.8.3; kube-state-metrics' node label) or do not match each other, and the exporter
-    setting that fixes it."""
-    when = f"the {window} before {time.strftime('%Y-%m-%d %H:%M', time.gmtime(at))} UTC"
-    pool_label = r.ksm_label(r.POOL_LABEL)
-
-    def some(name: str, selector: str) -> list[dict[str, Any]]:
-        # Label sets only (no samples): the diagnosis stays cheap at any scrape interval and window.
-        found = prom.series(name, selector, at - duration_seconds(window), at)
-        return sorted(found, key=lambda s: sorted(s["metric"].items()))[:3]
-
-    dcgm = some("DCGM utilization series", f'{{__name__=~"{DCGM_UTILIZATION}"}}')
-    if not dcgm:
-        return Problem(f"Prometheus at {prom.url} has no DCGM utilization series "
-                       f"({DCGM_UTILIZATION.replace('|', ', ')}) in {when}",
-                       fix="check --window and --end, and that dcgm-exporter is scraped")
-    hostless = some("DCGM series without hostname",
-                    f'{{__name__=~"{DCGM_UTILIZATION}", {HOST_LABEL}="", {LEGACY_HOST_LABEL}=""}}')
-    if hostless:
-        return Problem(
-            f"DCGM series have no {HOST_LABEL} label ({LEGACY_HOST_LABEL} before dcgm-exporter 4.6.0-4.8.3), so "
-            f"gpushare cannot tell which node (and pool) a GPU is on: "
-            f"{', '.join(map(_series_text, hostless))} in {when}",
-            fix="run dcgm-exporter without --no-hostname (-n) and without DCGM_EXPORTER_NO_HOSTNAME=true; on "
-                f"Kubernetes give it NODE_NAME from the pod's spec.nodeName (the GPU Operator does), so {HOST_LABEL} "
-                "is the node's name")
-    nodes = some("kube_node_labels", "kube_node_labels")
-    if not nodes:
-        return Problem(f"Prometheus at {prom.url} has no kube_node_labels series in {when}",
-                       fix="scrape kube-state-metrics (it exports kube_node_labels)")
-    pooled = some("kube_node_labels with the pool label", f'kube_node_labels{{{pool_label}!=""}}')
-    if not pooled:
-        return Problem(
-            f"kube_node_labels has no {pool_label} label (node label {r.POOL_LABEL}) on any series in {when}, e.g. "
-            f"{', '.join(map(_series_text, nodes))}",
-            fix="start kube-state-metrics with --metric-labels-allowlist=nodes=[" +
-                ",".join(r.kube_state_metrics_label_allowlist()) + "] (Helm: metricLabelsAllowlist), and check that "
-                "`pulumi up` labelled the nodes")
-    hosts = sorted({str(s["metric"].get(HOST_LABEL) or s["metric"].get(LEGACY_HOST_LABEL)) for s in dcgm})
-    names = sorted({str(s["metric"].get("node")) for s in pooled})
-    return Problem(
-        f"DCGM's {HOST_LABEL} values (e.g. {', '.join(hosts)}) match no node of kube_node_labels with a pool label "
-        f"(e.g. {', '.join(names)}) for any pool of {fleet.environment} in {when}",
-        fix=f"make dcgm-exporter's {HOST_LABEL} the Kubernetes node name (NODE_NAME from spec.nodeName on Kubernetes, "
-            "or the host's name equal to the node's), and check that the pools' names match the environment file")
 
 
 def find_node_gaps(prom: Prometheus, fleet: ResolvedFleet, guardrails: Guardrails, evidence: dict[str, PoolEvidence],

@@ -45,7 +45,8 @@ from gpushare.core.resolve import (
     ResolvedPool,
     resolve,
 )
-from gpushare.ops.capacity import Prometheus, Proposal, dump_yaml, roundtrip_yaml
+from gpushare.ops.patch import Proposal, dump_yaml, roundtrip_yaml
+from gpushare.ops.prometheus import Prometheus
 from gpushare.render.monitoring import rules as r
 from gpushare.render.monitoring.promql import HOST_LABEL, HOST_LABELS, alternatives, dcgm_host, ksm_label
 

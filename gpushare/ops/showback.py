@@ -22,7 +22,8 @@ from gpushare.core.files import check_output_file
 from gpushare.core.guardrails import duration_seconds, load_guardrails
 from gpushare.core.prices import PriceTable, load_prices, prices_path
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve_env
-from gpushare.ops.capacity import Prometheus, diagnose_join
+from gpushare.ops.diagnose import diagnose_join
+from gpushare.ops.prometheus import Prometheus
 from gpushare.render.monitoring import rules as r
 
 SOURCES = ("auto", "recorded", "raw")

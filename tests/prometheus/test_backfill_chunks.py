@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from gpushare.cli import app
 from gpushare.core.guardrails import load_guardrails
 from gpushare.core.resolve import ResolvedFleet, resolve
-from gpushare.ops import capacity
+from gpushare.ops import capacity, prometheus
 from tests.conftest import PROFILES
 from tests.prometheus.scenarios import PoolLoad, Scenario, backfill
 from tests.prometheus.server import prometheus_server
@@ -48,7 +48,7 @@ def fleet() -> ResolvedFleet:
 
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(capacity, "CHUNK_SECONDS", 1700)  # several chunks, none on an hour boundary
+    monkeypatch.setattr(prometheus, "CHUNK_SECONDS", 1700)  # several chunks, none on an hour boundary
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +61,14 @@ def server(backfilled: tuple[Path, int], tmp_path_factory: pytest.TempPathFactor
 def _whole_and_chunked(url: str, fleet: ResolvedFleet, source: str, end: int
                        ) -> Iterator[tuple[str, dict[str, str], float, float]]:
     guardrails = load_guardrails()
-    prom = capacity.Prometheus(url)
-    steps = capacity.window_steps(f"{HOURS}h", guardrails.capacity.step, end)
+    prom = prometheus.Prometheus(url)
+    steps = prometheus.window_steps(f"{HOURS}h", guardrails.capacity.step, end)
     for name, expr, _apply in capacity._window_queries(fleet, guardrails, fleet.pools, f"{HOURS}h", source):
-        stat = capacity.window_stat(expr, f"{HOURS}h", guardrails.capacity.step)
+        stat = prometheus.window_stat(expr, f"{HOURS}h", guardrails.capacity.step)
         if stat is None:
             continue
-        chunked = {key: capacity.apply_stat(stat, v) for key, v in capacity.read_steps(prom, name, stat.inner,
-                                                                                         steps).items()}
+        chunked = {key: prometheus.apply_stat(stat, v) for key, v in prometheus.read_steps(prom, name, stat.inner,
+                                                                                             steps).items()}
         whole = {tuple(sorted(s["metric"].items())): float(s["value"][1]) for s in prom.query(name, expr, end)}
         assert set(chunked) == set(whole), name
         for key, value in whole.items():
@@ -93,16 +93,16 @@ def test_a_window_the_server_refuses_is_read_in_halves(backfilled: tuple[Path, i
     guardrails = load_guardrails()
     stat_expr = next(e for n, e, _a in capacity._window_queries(fleet, guardrails, fleet.pools, f"{HOURS}h", "raw")
                      if n == "utilization p95")
-    stat = capacity.window_stat(stat_expr, f"{HOURS}h", guardrails.capacity.step)
+    stat = prometheus.window_stat(stat_expr, f"{HOURS}h", guardrails.capacity.step)
     assert stat is not None
-    steps = capacity.window_steps(f"{HOURS}h", guardrails.capacity.step, end)
+    steps = prometheus.window_steps(f"{HOURS}h", guardrails.capacity.step, end)
     with prometheus_server(data, tmp_path) as url:
-        expected = capacity.read_steps(capacity.Prometheus(url), "p95", stat.inner, steps)
+        expected = prometheus.read_steps(prometheus.Prometheus(url), "p95", stat.inner, steps)
     with prometheus_server(data, tmp_path, max_samples=600) as url:
-        prom = capacity.Prometheus(url)
-        with pytest.raises(capacity.ServerLimit):
+        prom = prometheus.Prometheus(url)
+        with pytest.raises(prometheus.ServerLimit):
             prom.query("whole window", stat_expr, end)
-        halved = capacity.read_steps(prom, "p95", stat.inner, steps)
+        halved = prometheus.read_steps(prom, "p95", stat.inner, steps)
         assert set(halved) == set(expected)
         for key, values in expected.items():  # the same steps; sums in Prometheus's own order, to the last bit
             assert halved[key] == pytest.approx(values, rel=1e-12)
@@ -124,21 +124,21 @@ def test_a_single_step_over_the_limit_names_the_limit_query_and_fix(backfilled: 
 
 
 def test_only_a_single_whole_window_statistic_is_taken_apart() -> None:
-    stat = capacity.window_stat('quantile_over_time(0.95, (max by (pool) (x{a="("}))[7d:5m])', "7d", "5m")
-    assert stat == capacity.WindowStat("quantile", 'max by (pool) (x{a="("})', 0.95)
+    stat = prometheus.window_stat('quantile_over_time(0.95, (max by (pool) (x{a="("}))[7d:5m])', "7d", "5m")
+    assert stat == prometheus.WindowStat("quantile", 'max by (pool) (x{a="("})', 0.95)
     for expr in ("max_over_time((a)[7d:5m]) or max_over_time((b)[7d:5m])",  # two subqueries
                  "avg_over_time((a)[1d:5m])",  # another window
                  "quantile_over_time((a)[7d:5m])",  # no phi
                  "max by (pool) (max_over_time((a)[7d:5m]))"):
-        assert capacity.window_stat(expr, "7d", "5m") is None, expr
+        assert prometheus.window_stat(expr, "7d", "5m") is None, expr
 
 
 def test_statistics_follow_prometheus() -> None:
     values = [4.0, 1.0, 3.0, 2.0]
-    assert capacity.apply_stat(capacity.WindowStat("quantile", "", 0.95), values) == pytest.approx(3.85)
-    assert capacity.apply_stat(capacity.WindowStat("quantile", "", 0.5), values) == pytest.approx(2.5)
-    assert capacity.apply_stat(capacity.WindowStat("max", ""), [*values, float("nan")]) == 4.0
-    assert capacity.apply_stat(capacity.WindowStat("avg", ""), values) == 2.5
-    assert capacity.apply_stat(capacity.WindowStat("count", ""), values) == 4.0
-    first, last, step = capacity.window_steps("1h", "5m", 7217.5)  # the aligned steps in [at - 1h, at]
+    assert prometheus.apply_stat(prometheus.WindowStat("quantile", "", 0.95), values) == pytest.approx(3.85)
+    assert prometheus.apply_stat(prometheus.WindowStat("quantile", "", 0.5), values) == pytest.approx(2.5)
+    assert prometheus.apply_stat(prometheus.WindowStat("max", ""), [*values, float("nan")]) == 4.0
+    assert prometheus.apply_stat(prometheus.WindowStat("avg", ""), values) == 2.5
+    assert prometheus.apply_stat(prometheus.WindowStat("count", ""), values) == 4.0
+    first, last, step = prometheus.window_steps("1h", "5m", 7217.5)  # the aligned steps in [at - 1h, at]
     assert (first, last, step) == (3900_000, 7200_000, 300_000)

@@ -1,0 +1,218 @@
+"""The Prometheus HTTP API, the one place that knows it: instant and range queries, series, the server's query
+limits, timings, and errors that name the URL and the fix. Also whole-window statistics as Prometheus computes them,
+read in chunks the server accepts. Used by capacity, promote, showback and backfill."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.guardrails import duration_seconds
+
+# Prometheus's query limits (the flag that sets each) and the words of its error when a query reaches one.
+SERVER_LIMITS = (
+    ("--query.max-samples", "too many samples"),
+    ("--query.timeout", "query timed out"),
+    ("the 11,000 points per series of a range query", "exceeded maximum resolution"),
+)
+
+
+class ServerLimit(GpushareError):
+    """A query Prometheus refused at one of its limits: the reader splits it and retries, or names the limit."""
+
+    def __init__(self, flag: str, query: str, detail: str) -> None:
+        self.flag, self.query, self.detail = flag, query, detail
+        super().__init__(Problem(
+            f"Prometheus refused the {query} query at its {flag} limit ({detail})",
+            fix=f"raise {flag} on the server, or deploy gpushare's recording rules (and backfill them over older "
+                "history with `gpushare capacity --backfill-rules`) so that capacity reads pool-level series"),
+            exit_code=2)
+
+
+@dataclass
+class QueryTiming:
+    name: str
+    seconds: float  # what Prometheus reports (evalTotalTime), or wall time where it reports none
+    wall: float
+
+
+class Prometheus:
+    """The /api/v1/query and /api/v1/query_range endpoints. Errors name the URL and what to do."""
+
+    def __init__(self, url: str, timeout: float = 120.0) -> None:
+        try:
+            parsed = urllib.parse.urlsplit(url)
+            ok = parsed.scheme in ("http", "https") and bool(parsed.hostname) and parsed.port != 0
+        except ValueError:  # an unclosed IPv6 bracket, a port that is not a number or above 65535
+            ok = False
+        if not ok:
+            raise GpushareError(Problem(f"--prometheus {url[:200]!r} is not an http(s) URL",
+                                        fix="give the Prometheus base URL, e.g. http://prometheus:9090"), exit_code=2)
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.timings: list[QueryTiming] = []
+
+    def query(self, name: str, expr: str, at: float) -> list[dict[str, Any]]:
+        """One value per series at `at` (an instant vector)."""
+        return self._call("query", name, {"query": expr, "time": f"{at:.3f}"}, "vector")
+
+    def query_range(self, name: str, expr: str, start: float, end: float, step: int) -> list[dict[str, Any]]:
+        """Values per series every `step` seconds from start to end (a matrix: `values` of [time, text])."""
+        return self._call("query_range", name, {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                "step": str(step)}, "matrix")
+
+    def series(self, name: str, selector: str, start: float, end: float) -> list[dict[str, Any]]:
+        """The label sets of the series a selector matches between start and end (/api/v1/series): no samples are
+        read, so it costs the same at any scrape interval and window. Returned as {"metric": labels} like a query."""
+        return self._call("series", name, {"match[]": selector, "start": f"{start:.3f}", "end": f"{end:.3f}"},
+                          "series")
+
+    def _call(self, endpoint: str, name: str, params: dict[str, str], result_type: str) -> list[dict[str, Any]]:
+        body = urllib.parse.urlencode({**params, "stats": "all"}).encode()
+        request = urllib.request.Request(f"{self.url}/api/v1/{endpoint}", data=body, method="POST",
+                                         headers={"Content-Type": "application/x-www-form-urlencoded"})
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - user's URL
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            try:
+                detail = json.loads(detail).get("error", detail)
+            except ValueError:
+                pass
+            flag = next((flag for flag, marker in SERVER_LIMITS if marker in detail), None)
+            if flag is not None:
+                raise ServerLimit(flag, name, f"{self.url}: {detail[:300]}") from None
+            raise GpushareError(Problem(
+                f"Prometheus at {self.url} refused the {name} query: HTTP {exc.code}: {detail[:300]}",
+                fix="check that --prometheus is the Prometheus server's base URL (no /graph or /api path)"),
+                exit_code=2) from None
+        except TimeoutError:
+            raise ServerLimit("--query.timeout", name, f"no answer from {self.url} within {self.timeout:.0f} s") \
+                from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):
+                raise ServerLimit("--query.timeout", name, f"no answer from {self.url} within {self.timeout:.0f} s") \
+                    from None
+            raise GpushareError(Problem(f"cannot reach Prometheus at {self.url}: {reason}",
+                                        fix="check --prometheus (scheme, host, port) and that the server is up"),
+                                exit_code=2) from None
+        wall = time.perf_counter() - started
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            raise GpushareError(Problem(f"{self.url} did not answer like a Prometheus API (no JSON)",
+                                        fix="point --prometheus at a Prometheus server"), exit_code=2) from None
+        if doc.get("status") != "success":
+            raise GpushareError(Problem(f"Prometheus at {self.url}: {doc.get('error', doc)}"), exit_code=2)
+        data = doc["data"]
+        if result_type == "series":  # a list of label sets, no stats
+            self.timings.append(QueryTiming(name, wall, wall))
+            return [{"metric": labels} for labels in data]
+        reported = data.get("stats", {}).get("timings", {}).get("evalTotalTime")
+        self.timings.append(QueryTiming(name, float(reported) if reported is not None else wall, wall))
+        if data.get("resultType") != result_type:
+            raise GpushareError(Problem(f"Prometheus answered the {name} query with {data.get('resultType')}"))
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+
+def sample_value(sample: dict[str, Any]) -> float | None:
+    value = float(sample["value"][1])
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+# ---------------------------------------------------------------- window statistics, read in chunks the server accepts
+
+CHUNK_SECONDS = 86400  # one range query reads at most a day of steps; a refused chunk is halved until it passes
+READERS = 4  # chunks in flight at once (Prometheus runs 20 queries at a time by default)
+_WINDOW_STAT = re.compile(r"(avg|max|count|quantile)_over_time\((?:([0-9.]+), )?\((.*)\)\[(\w+):(\w+)\]\)", re.S)
+Series = dict[tuple[tuple[str, str], ...], list[float]]  # labels -> values at the steps where the series has one
+
+
+@dataclass(frozen=True)
+class WindowStat:
+    """`fn_over_time((inner)[window:step])` taken apart: gpushare reads `inner` at the steps and applies `fn`."""
+
+    fn: str  # avg, max, count or quantile
+    inner: str
+    phi: float = 0.0
+
+
+def window_stat(expr: str, window: str, step: str) -> WindowStat | None:
+    """The statistic and inner expression of a whole-window subquery, or None for any other query."""
+    match = _WINDOW_STAT.fullmatch(expr.strip())
+    if match is None or (match.group(4), match.group(5)) != (window, step):
+        return None
+    fn, phi, inner = match.group(1), match.group(2), match.group(3)
+    depth = 0
+    for char in re.sub(r'"(?:[^"\\]|\\.)*"', '""', inner):  # `(a)[w:s]) or f((b)` is two subqueries, not one
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            return None
+    if depth or (fn == "quantile") != (phi is not None):
+        return None
+    return WindowStat(fn, inner, float(phi or 0.0))
+
+
+def apply_stat(stat: WindowStat, values: list[float]) -> float:
+    """What Prometheus's `<fn>_over_time` gives over these values (NaN where it would give NaN)."""
+    if stat.fn == "count":
+        return float(len(values))
+    if stat.fn == "avg":
+        return math.fsum(values) / len(values)
+    finite = sorted(v for v in values if not math.isnan(v))
+    if not finite:
+        return math.nan
+    if stat.fn == "max":
+        return finite[-1]
+    rank = stat.phi * (len(finite) - 1)  # Prometheus's quantile: linear between the two closest ranks
+    lower = max(0, math.floor(rank))
+    upper = min(len(finite) - 1, lower + 1)
+    return finite[lower] + (finite[upper] - finite[lower]) * (rank - math.floor(rank))
+
+
+def window_steps(window: str, step: str, at: float) -> tuple[int, int, int]:
+    """(first, last, step) in ms: the steps a `[window:step]` subquery evaluated at `at` reads (aligned to step)."""
+    step_ms = duration_seconds(step) * 1000
+    at_ms = round(at * 1000)
+    first = -(-(at_ms - duration_seconds(window) * 1000) // step_ms) * step_ms
+    return first, at_ms // step_ms * step_ms, step_ms
+
+
+def read_steps(prom: Prometheus, name: str, expr: str, steps: tuple[int, int, int]) -> Series:
+    """`expr` at every step from first to last, as range queries of at most CHUNK_SECONDS each, READERS at a time;
+    a chunk Prometheus refuses at a limit is halved and retried, down to a single step."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    first, last, step_ms = steps
+    per_chunk = max(1, CHUNK_SECONDS * 1000 // step_ms)
+    chunks = [(s, min(last, s + (per_chunk - 1) * step_ms)) for s in range(first, last + 1, per_chunk * step_ms)]
+
+    def read(chunk: tuple[int, int]) -> list[dict[str, Any]]:
+        start, end = chunk
+        try:
+            return prom.query_range(name, expr, start / 1000, end / 1000, step_ms // 1000)
+        except ServerLimit:
+            if start == end:
+                raise
+            middle = start + (end - start) // step_ms // 2 * step_ms
+            return read((start, middle)) + read((middle + step_ms, end))
+
+    out: Series = {}
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
+        for result in pool.map(read, chunks):
+            for series in result:
+                key = tuple(sorted(series.get("metric", {}).items()))
+                out.setdefault(key, []).extend(float(v) for _t, v in series["values"])
+    return out
