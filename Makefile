@@ -19,6 +19,7 @@ lint: venv
 	$(BIN)/ruff check gpushare infra tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_import_cycles.py gpushare
 	$(BIN)/yamllint -s environments profiles
 	$(BIN)/ruff check playbooks
 	$(BIN)/yamllint -s playbooks tests/ansible

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gpushare.core import dra, spec
+from gpushare.core import dra_facts as dra  # the DRA vocabulary; gpushare.core.dra compiles the resolved fleet
+from gpushare.core import spec
 from gpushare.core.catalog import GpuModel, load_catalog
 from gpushare.core.cloud_pools import CloudPool
 from gpushare.core.cloud_pools import refusals as cloud_refusals
