@@ -1,3 +1,4 @@
+# One module: the resolved types and the one pass that fills them, so a field and what sets it sit together.
 """Environment + profiles -> the resolved fleet: what every node and every GPU becomes.
 
 Consumers (renderers, the Pulumi program, the Ansible inventory, the CLI) read this model and never

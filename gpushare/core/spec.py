@@ -1,3 +1,4 @@
+# One module: the models and the loader whose errors name their fields (file, line, field, fix) change together.
 """The environment and profile files as pydantic models (unknown keys are errors), and loading them with
 errors that name the file, the line, the field and the fix."""
 

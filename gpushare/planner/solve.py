@@ -1,3 +1,4 @@
+# One module: the stages below are one column-generation solve, sharing Data, HiGHS's settings and the work limits.
 """Solving the packing with HiGHS: two LP lower bounds, integer plans from rounding them (and a MIP over the
 generated columns on small inputs), and a local search that empties GPUs.
 

@@ -1,3 +1,4 @@
+# One module: every rule registers in RULES here, and waivers and evaluate() judge against that one registry.
 """Guardrail rules: pure functions over the resolved fleet (and, where a rule needs it, the offline plan).
 
 The same rules run in `gpushare check` (CI), in the Pulumi policy pack (`policies/pack`, at preview and up)
