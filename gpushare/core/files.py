@@ -37,8 +37,9 @@ MAX_INT_DIGITS = 18  # every count, quota and id fits; a longer number is a typo
 # ---------------------------------------------------------------- reading
 
 
-def read_text(path: Path, what: str = "file") -> str:
-    """The text of a regular UTF-8 file, or a located error (exit 2: the input cannot be used at all)."""
+def read_text(path: Path, what: str = "file", limit: int = MAX_BYTES) -> str:
+    """The text of a regular UTF-8 file of at most `limit` bytes, or a located error (exit 2: the input cannot be
+    used at all)."""
     file = str(path)
     try:
         st = os.stat(path)
@@ -57,8 +58,8 @@ def read_text(path: Path, what: str = "file") -> str:
     if not stat.S_ISREG(st.st_mode):
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device)"
         raise GpushareError(Problem(f"{what} is {kind}", file=file, fix=f"name a regular YAML {what}"), exit_code=2)
-    if st.st_size > MAX_BYTES:
-        raise GpushareError(Problem(f"{what} is {st.st_size} bytes, above the limit of {MAX_BYTES}", file=file,
+    if st.st_size > limit:
+        raise GpushareError(Problem(f"{what} is {st.st_size} bytes, above the limit of {limit}", file=file,
                                     fix="split it, or check that this is the file you meant"), exit_code=2)
     try:
         # O_NONBLOCK: if the path was swapped for a FIFO after the stat, opening still does not hang.
@@ -67,9 +68,9 @@ def read_text(path: Path, what: str = "file") -> str:
         raise GpushareError(Problem(f"{what} cannot be read: {exc.strerror}", file=file, fix="check the path"),
                             exit_code=2) from None
     with os.fdopen(fd, "rb") as handle:
-        data = handle.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise GpushareError(Problem(f"{what} is above the limit of {MAX_BYTES} bytes", file=file,
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise GpushareError(Problem(f"{what} is above the limit of {limit} bytes", file=file,
                                     fix="split it, or check that this is the file you meant"), exit_code=2)
     try:
         return data.decode("utf-8")
@@ -214,9 +215,9 @@ def load_yaml_file(path: Path, what: str = "file") -> tuple[str, Any]:
     return text, parse_yaml(text, str(path))
 
 
-def load_yaml_documents(path: Path, what: str = "file") -> list[Any]:
+def load_yaml_documents(path: Path, what: str = "file", limit: int = MAX_BYTES) -> list[Any]:
     """Every document of a YAML file (see parse_yaml_documents); every failure is a located GpushareError."""
-    return parse_yaml_documents(read_text(path, what), str(path))
+    return parse_yaml_documents(read_text(path, what, limit), str(path))
 
 
 # ---------------------------------------------------------------- checking output paths

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pydantic import ValidationError
 
 from gpushare.core.catalog import GpuModel, load_catalog
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.files import load_yaml_documents
+from gpushare.core.files import load_yaml_documents, parse_yaml
 from gpushare.core.spec import NAME_PATTERN, is_system_namespace
+from gpushare.ops.brownfield.objects import MIG_CONFIG, MODELS, DevicePluginConfig, KubeObject, problems, reason
 
 DEVICE_PLUGIN_LABEL = "nvidia.com/device-plugin.config"
 OPERATOR_MIG_LABEL = "nvidia.com/mig.config"
@@ -28,6 +29,10 @@ MIG_DISABLED = "all-disabled"
 MIG_PARTED_DEFAULT_CONFIGMAP = "default-mig-parted-config"
 MIG_PARTED_KEY = "config.yaml"
 # Kinds the importer reads; every other object in the dumps is listed as unsupported, not ignored.
+# The largest dump file read. `kubectl get nodes -o yaml --show-managed-fields` writes about 14 KB per GPU node
+# (GFD labels, images, managedFields): a 5,000-node cluster is 69 MB in one file, which parses in about two
+# minutes to about 1.8 GB of memory (measured, docs/adoption.md). 128 MiB leaves room for bigger nodes.
+MAX_DUMP_BYTES = 128 * 1024 * 1024
 KINDS = ("ClusterPolicy", "NVIDIADriver", "ConfigMap", "Node", "ResourceQuota", "PriorityClass", "Namespace",
          "ResourceFlavor", "ClusterQueue", "LocalQueue", "Cohort")
 
@@ -65,6 +70,18 @@ class ConfigSource:
     named_by: str  # the ClusterPolicy field that names it
     configs: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None
+    broken: dict[str, str] = field(default_factory=dict)  # config name -> why it cannot be read
+    file: str | None = None  # the dump file the ConfigMap came from
+
+    def why_missing(self, name: str) -> str:
+        """Why the config `name` is not among `configs`: the ConfigMap is missing or unreadable, the config
+        itself is, or the ConfigMap simply lacks it."""
+        where = f"ConfigMap {self.configmap!r} ({self.named_by})"
+        if self.problem:
+            return f"{where} {self.problem}"
+        if name in self.broken:
+            return f"in {where} cannot be read: {self.broken[name]}"
+        return f"{where} lacks it"
 
 
 @dataclass
@@ -75,6 +92,7 @@ class ClusterState:
     source: str
     objects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     unknown: list[tuple[str, str]] = field(default_factory=list)  # (kind/name, file) of objects not read
+    origins: dict[tuple[str, str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return self.objects.get(kind, [])
@@ -105,15 +123,22 @@ class ClusterState:
             source.problem = f"has no key {MIG_PARTED_KEY!r}, the one mig-manager reads"
             return source
         try:
-            value = yaml.safe_load(str(data[MIG_PARTED_KEY]))
-        except yaml.YAMLError:
-            source.problem = f"its {MIG_PARTED_KEY} is not YAML"
+            value = parse_yaml(data[MIG_PARTED_KEY], MIG_PARTED_KEY)
+        except GpushareError as err:
+            source.problem = f"its {MIG_PARTED_KEY} cannot be read: {_first(err)}"
             return source
         configs = value.get("mig-configs") if isinstance(value, dict) else None
         if not isinstance(configs, dict):
             source.problem = f"its {MIG_PARTED_KEY} is not a mig-parted file (no mig-configs)"
             return source
-        source.configs = dict(configs)
+        for key, entries in configs.items():
+            try:
+                MIG_CONFIG.validate_python(entries)
+            except ValidationError as exc:
+                why = reason(exc)  # "[0].mig-devices: ..." within the config, or the config's own type
+                source.broken[str(key)] = f"mig-configs.{key}" + (why if why.startswith("[") else f": {why}")
+                continue
+            source.configs[str(key)] = entries
         return source
 
     def device_plugin_source(self) -> ConfigSource:
@@ -124,12 +149,24 @@ class ClusterState:
             return ConfigSource(None, "spec.devicePlugin.config.name")
         source, cm = self._source(name, "spec.devicePlugin.config.name")
         for key, text in ((cm or {}).get("data") or {}).items():
+            # Read as strictly as gpushare's own files: a key twice would leave which value the plugin takes to
+            # its YAML library.
             try:
-                value = yaml.safe_load(str(text))
-            except yaml.YAMLError:
+                value = parse_yaml(text, str(key))
+            except GpushareError as err:
+                source.broken[str(key)] = _first(err)
                 continue
-            if value is None or isinstance(value, dict):  # an empty file is a config too: no sharing
-                source.configs[str(key)] = value or {}
+            if value is None:  # an empty file is a config too: no sharing
+                value = {}
+            if not isinstance(value, dict):
+                source.broken[str(key)] = f"not a device-plugin config (a {type(value).__name__}, not a mapping)"
+                continue
+            try:
+                DevicePluginConfig.model_validate(value)
+            except ValidationError as exc:
+                source.broken[str(key)] = reason(exc)
+                continue
+            source.configs[str(key)] = value
         return source
 
     def device_plugin_configmap(self) -> str | None:
@@ -150,6 +187,7 @@ class ClusterState:
         if not found:
             source.problem = "is not in the dump"
             return source, None
+        source.file = self.origins.get(("ConfigMap", _namespace_of(found[0]), name), (None, {}))[0]
         return source, found[0]
 
     def device_plugin_configs(self) -> dict[str, dict[str, Any]]:
@@ -187,7 +225,8 @@ class ClusterState:
 
 
 def _namespace_of(obj: dict[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("namespace") or "")
+    metadata = obj.get("metadata")
+    return str(metadata.get("namespace") or "") if isinstance(metadata, dict) else ""
 
 
 def _config_spec(spec: dict[str, Any], operand: str) -> dict[str, Any]:
@@ -197,9 +236,14 @@ def _config_spec(spec: dict[str, Any], operand: str) -> dict[str, Any]:
 def _entries(cm: dict[str, Any] | None) -> Iterable[tuple[str, Any]]:
     for key, text in ((cm or {}).get("data") or {}).items():
         try:
-            yield key, yaml.safe_load(str(text))
-        except yaml.YAMLError:
-            continue
+            yield key, parse_yaml(text, str(key))
+        except GpushareError:
+            continue  # only looked at to say what an unmounted ConfigMap holds
+
+
+def _first(err: GpushareError) -> str:
+    problem = err.problems[0]
+    return f"line {problem.line}: {problem.message}" if problem.line else problem.message
 
 
 def labels_of(obj: dict[str, Any]) -> dict[str, str]:
@@ -207,7 +251,8 @@ def labels_of(obj: dict[str, Any]) -> dict[str, str]:
 
 
 def name_of(obj: dict[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name", "?"))
+    metadata = obj.get("metadata")  # also called on an object not yet checked, to name it in the error
+    return str(metadata.get("name", "?")) if isinstance(metadata, dict) else "?"
 
 
 def is_gpu_node(node: dict[str, Any]) -> bool:
@@ -232,19 +277,42 @@ def read_dumps(directory: Path) -> ClusterState:
                                         "docs/adoption.md)"), exit_code=2)
     for path in files:
         # One file may hold several `kubectl get -o yaml` outputs, `---` between them.
-        for data in load_yaml_documents(path, "cluster dump"):
+        for data in load_yaml_documents(path, "cluster dump", MAX_DUMP_BYTES):
             add_objects(state, data, str(path))
     return state
 
 
 def add_objects(state: ClusterState, data: Any, where: str) -> None:
-    items = data.get("items") if isinstance(data, dict) and str(data.get("kind", "")).endswith("List") else [data]
-    for obj in items or []:
+    """The objects of one document, each checked against its model (objects.py): a field of another type than
+    kubectl writes is a located error. An object in two places is read once where both copies agree, and refused
+    where they differ (which one the cluster holds cannot be known)."""
+    listed = isinstance(data, dict) and str(data.get("kind", "")).endswith("List")
+    items = data.get("items") if listed else [data]
+    if not isinstance(items, list):
+        raise GpushareError(Problem(f"items is a {type(items).__name__}, not a list of objects", file=where,
+                                    path="items", fix="dump with `kubectl get KIND -o yaml`"))
+    for i, obj in enumerate(items):
+        prefix = f"items[{i}]." if listed else ""
         if not isinstance(obj, dict) or "kind" not in obj:
             raise GpushareError(Problem("an item is not a Kubernetes object (no kind)", file=where,
-                                        fix="dump with `kubectl get KIND -o yaml`"))
+                                        path=prefix.rstrip(".") or None, fix="dump with `kubectl get KIND -o yaml`"))
         kind = str(obj["kind"])
+        model = MODELS.get(kind)
         if kind in KINDS:
+            try:
+                (model or KubeObject).model_validate(obj)
+            except ValidationError as exc:
+                raise GpushareError(problems(exc, where, f"{kind}/{name_of(obj)}", prefix)) from None
+            key = (kind, _namespace_of(obj), name_of(obj))
+            if key in state.origins:
+                first, copy = state.origins[key]
+                if copy == obj:
+                    continue  # the same object dumped twice: one object
+                raise GpushareError(Problem(
+                    f"{kind}/{name_of(obj)} is also in {first}, with other content", file=where,
+                    path=f"{prefix}metadata.name", fix="dump each object once (one file per kind, as "
+                    "docs/adoption.md writes them), or remove the older copy"))
+            state.origins[key] = (where, obj)
             state.objects.setdefault(kind, []).append(obj)
         else:
             state.unknown.append((f"{kind}/{name_of(obj)}", where))

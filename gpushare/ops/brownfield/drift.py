@@ -26,6 +26,7 @@ from gpushare.ops.brownfield.cluster import (
     OPERATOR_STATE_LABEL,
     PRODUCT_LABEL,
     ClusterState,
+    ConfigSource,
     gpu_resources,
     labels_of,
     mig_layout,
@@ -133,14 +134,15 @@ class _NodeCheck:
 
     def __init__(self, fleet: ResolvedFleet, state: ClusterState, git: ResolvedNode, node: dict[str, Any],
                  now: datetime, stuck_after: timedelta, report: DriftReport,
-                 configs: tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]) -> None:
+                 configs: tuple[ConfigSource, ConfigSource]) -> None:
         self.fleet, self.state, self.git, self.node = fleet, state, git, node
         self.labels = labels_of(node)
         self.now, self.stuck_after, self.report = now, stuck_after, report
         self.mig_settling = False  # a MIG change under way within the threshold: paused operands are expected
         self.mig_differs = False
         # The operator's configs, read once per report (parsing them per node costs minutes on a large fleet).
-        self.cluster_mig, self.cluster_dp = configs
+        self.mig_source, self.dp_source = configs
+        self.cluster_mig, self.cluster_dp = self.mig_source.configs, self.dp_source.configs
 
     def add(self, kind: str, where: str, git: str, cluster: str, pending: bool = False) -> None:
         item = Drift(self.git.name, kind, where, git, cluster)
@@ -187,7 +189,7 @@ class _NodeCheck:
         if not known:
             self.mig_differs = True
             self.add("mig-config", f"labels[{label}]", layout_text(self.git.mig_layout),
-                     f"{name}: no such config in the cluster")
+                     f"{name}: {_missing(self.mig_source, name)}")
         elif (layout or None) != (self.git.mig_layout or None):
             self.mig_differs = True
             self.add("mig-config", f"labels[{label}]", layout_text(self.git.mig_layout),
@@ -225,7 +227,7 @@ class _NodeCheck:
         cluster_configs = self.cluster_dp
         if name is not None and name not in cluster_configs and name not in self.fleet.device_plugin_configs:
             self.add("device-plugin", f"labels[{DEVICE_PLUGIN_CONFIG_LABEL}]",
-                     sharing_text(git_name, git_content, resources), f"{name}: no such config in the cluster")
+                     sharing_text(git_name, git_content, resources), f"{name}: {_missing(self.dp_source, name)}")
             return False
         content = cluster_configs.get(name) if name in cluster_configs else (
             self.fleet.device_plugin_configs[name].content if name else None)
@@ -259,6 +261,13 @@ class _NodeCheck:
             self.add("taint", f"spec.taints[{key}]", "absent", f"{key}={value}:{effect}")
 
 
+def _missing(source: ConfigSource, name: str) -> str:
+    """Why the cluster has no readable config `name`: an unreadable one is not reported as absent."""
+    if name in source.broken:
+        return f"the cluster's config cannot be read ({source.broken[name]})"
+    return "no such config in the cluster"
+
+
 def _minutes(age: timedelta) -> str:
     minutes = int(age.total_seconds() // 60)
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m"
@@ -270,7 +279,7 @@ def find_drift(fleet: ResolvedFleet, state: ClusterState, cluster: str, now: dat
     report = DriftReport(fleet.environment)
     nodes = {name_of(n): n for n in state.of("Node")}
     git_nodes = [n for n in fleet.nodes if n.cluster == cluster and n.address is not None]
-    configs = (state.mig_configs(), state.device_plugin_configs())
+    configs = (state.mig_source(), state.device_plugin_source())
     for git in git_nodes:
         node = nodes.get(git.name)
         if node is None:

@@ -36,6 +36,7 @@ from gpushare.ops.brownfield.cluster import (
     mig_layout,
     name_of,
     product_model,
+    quantity,
     sharing_config,
     tenant_namespaces,
     valid_name,
@@ -175,8 +176,9 @@ class _Importer:
             return True, None, name
         if entries is None:
             source = self.mig_source
-            where = f"ConfigMap {source.configmap!r} ({source.named_by})"
-            why = f"{where} {source.problem}" if source.problem else f"{where}, the one mig-manager reads, lacks it"
+            why = source.why_missing(name)
+            if not source.problem and name not in source.broken:
+                why = why.replace(" lacks it", ", the one mig-manager reads, lacks it")
             self.note(obj, f"labels[{OPERATOR_MIG_LABEL}]", f"MIG config {name!r}: {why}; the node is left out")
             return False, None, name
         if mig_entries_partial(entries):
@@ -199,8 +201,7 @@ class _Importer:
             return SharingConfig(name="", kind="exclusive"), None
         found = self.sharing.get(name)
         if found is None:
-            where = f"ConfigMap {self.dp_source.configmap!r} ({self.dp_source.named_by})"
-            why = f"{where} {self.dp_source.problem}" if self.dp_source.problem else f"{where} lacks it"
+            why = self.dp_source.why_missing(name)
             self.note(obj, f"labels[{DEVICE_PLUGIN_LABEL}]", f"device-plugin config {name!r}: {why}; the node is "
                       "left out")
         return found, name
@@ -409,9 +410,15 @@ class _Importer:
                 for flavor in group.get("flavors") or []:
                     for res in flavor.get("resources") or []:
                         rname = str(res.get("name"))
-                        if rname.startswith("nvidia.com/"):
-                            quota[rname] += int(res.get("nominalQuota", 0))
-                            borrowing[rname] += int(res.get("borrowingLimit", 0) or 0)
+                        if not rname.startswith("nvidia.com/"):
+                            continue
+                        nominal, limit = quantity(res.get("nominalQuota", 0)), quantity(res.get("borrowingLimit") or 0)
+                        if nominal is None or limit is None:
+                            self.note(f"ClusterQueue/{name_of(cq)}", f"spec.resourceGroups[{rname}]", "a GPU quota "
+                                      "that is not a whole number; left out (GPUs are counted whole)")
+                            continue
+                        quota[rname] += nominal
+                        borrowing[rname] += limit
         return dict(quota), {k: v for k, v in borrowing.items() if v}
 
     def leftovers(self, used_sharing: set[str], used_mig: set[str], driver: int, toolkit: str) -> None:
@@ -422,6 +429,13 @@ class _Importer:
             self.note(f"ConfigMap/{self.dp_source.configmap}", name, "config no node uses; not imported")
         for name in sorted(set(self.mig) - used_mig - {MIG_DISABLED}):
             self.note(f"ConfigMap/{self.mig_source.configmap}", name, "config no node uses; not imported")
+        named = {self.state.device_plugin_config_for(n) for n in self.state.gpu_nodes()}
+        named |= {labels_of(n).get(OPERATOR_MIG_LABEL) for n in self.state.gpu_nodes()}
+        for source in (self.dp_source, self.mig_source):
+            for name, why in sorted(source.broken.items()):
+                if name not in named:  # a node that names it was noted already
+                    self.note(f"ConfigMap/{source.configmap}", name, f"config no node uses, which cannot be read "
+                              f"({why}); not imported")
         for cm, holds in self.state.unread_config_maps():
             self.note(f"ConfigMap/{cm}", "data", f"holds {holds}, but the ClusterPolicy mounts "
                       f"{self.mig_source.configmap!r} for mig-manager and "
