@@ -15,8 +15,11 @@ import pytest
 
 from tests.cluster import bins as binaries
 from tests.cluster.controlplane import Cluster, Etcd
-from tests.cluster.environments import Applied, bring_up
+from tests.cluster.environments import Applied, bring_up, preview
 from tests.cluster.kube import Kube
+from tests.cluster.kueue import KWOK_STAGES, Kueue, rendered_configuration
+from tests.cluster.kueue import find as find_kueue
+from tests.cluster.queues import Queues
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -91,3 +94,50 @@ def applied(clusters: ClusterFactory, cluster_folder: Path) -> Callable[[str, st
         return done[(env, cluster)]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def kueue_build() -> Path:
+    """Kueue's build folder (tools/gobuild.sh kueue, which `make testbins` runs)."""
+    found, why = find_kueue()
+    if found is None:
+        if shutil.which("go") is None:
+            pytest.skip(f"no Go toolchain on this machine: {why}")
+        pytest.fail(why)
+    return found
+
+
+@pytest.fixture(scope="session")
+def queues(cluster_bins: binaries.Binaries, etcd: Etcd, cluster_folder: Path, kueue_build: Path
+           ) -> Iterator[Callable[..., Queues]]:
+    """`queues(env, cluster)`: that cluster of the environment on an API server of its own (kwok pods run until a
+    test ends them), Kueue's own controller manager configured as gpushare renders it for the cluster, then every
+    object of the preview applied through Kueue's webhooks. `queues(env, cluster, name=...)` starts another one."""
+    running: dict[str, tuple[Cluster, Kueue | None, Queues | None]] = {}
+
+    def get(env: str, cluster: str, name: str = "") -> Queues:
+        name = name or f"kueue-{env}-{cluster}"
+        if name not in running:
+            out = cluster_folder / f"preview-{env}"
+            preview(env, out)
+            control = Cluster(name, cluster_bins, etcd, cluster_folder / name, kwok_config=KWOK_STAGES)
+            running[name] = (control, None, None)
+            kube = Kube(control.kubeconfig)
+            manager = Kueue.start(control, kube, kueue_build,
+                                  rendered_configuration(out / "helm-values" / cluster / "kueue.yaml"),
+                                  cluster_folder / name / "kueue")
+            running[name] = (control, manager, None)
+            running[name] = (control, manager, Queues(bring_up(env, cluster, kube, out), manager))
+        control, manager, found = running[name]
+        dead = control.alive() + ([manager.alive()] if manager and manager.alive() else [])
+        assert not dead, "\n".join(dead)
+        assert found is not None
+        return found
+
+    try:
+        yield get
+    finally:
+        for control, manager, _ in running.values():
+            if manager is not None:
+                manager.stop()
+            control.stop()

@@ -196,9 +196,10 @@ class Etcd:
 class Cluster:
     """An API server (on its own etcd prefix), controller manager, scheduler and kwok."""
 
-    def __init__(self, name: str, bins: Binaries, etcd: Etcd, folder: Path) -> None:
+    def __init__(self, name: str, bins: Binaries, etcd: Etcd, folder: Path, kwok_config: Path | None = None) -> None:
         self.name = name
         self.folder = folder
+        self.kwok_config = kwok_config  # kwok's --config (its own stages for pods, say); None: kwok's defaults
         self.processes: list[Process] = []
         folder.mkdir(parents=True, exist_ok=True)
         pki = Pki(folder / "pki")
@@ -271,7 +272,8 @@ class Cluster:
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
             "--cidr=10.0.0.1/24", "--node-ip=10.0.0.1", f"--server-address=127.0.0.1:{free_port()}",
-            "--node-lease-duration-seconds=40"], self.folder))
+            "--node-lease-duration-seconds=40",
+            *([f"--config={self.kwok_config}"] if self.kwok_config else [])], self.folder))
         # The controllers are up once the service-account controller has made the default namespace's account.
         wait_until(f"the controllers of {self.name}", self._default_service_account, self.processes)
 

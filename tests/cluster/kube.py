@@ -51,13 +51,15 @@ def _warnings(headers: Any) -> list[str]:
 
 
 class Kube:
-    def __init__(self, kubeconfig: Path, token: str | None = None) -> None:
+    def __init__(self, kubeconfig: Path, token: str | None = None,
+                 impersonate: str | None = None) -> None:
         configuration = client.Configuration()
         config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
         if token is not None:  # the same server and CA, a ServiceAccount's identity instead of the admin's
             configuration.cert_file = configuration.key_file = None
             configuration.api_key = {}
         self.token = token
+        self.impersonate = impersonate  # a user name, sent by the admin: identities no token can be had for
         self.kubeconfig = kubeconfig
         self.api = client.ApiClient(configuration)
         self.dynamic = DynamicClient(self.api)
@@ -87,6 +89,9 @@ class Kube:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {self.token}"
+        if self.impersonate is not None:
+            # the API server adds the groups of the user (a ServiceAccount's, system:authenticated) itself
+            headers["Impersonate-User"] = self.impersonate
         url = self.api.configuration.host + path + (f"?{urlencode(list(query))}" if query else "")
         response = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=60)
         data = response.read()
@@ -135,6 +140,16 @@ class Kube:
             audiences=["https://kubernetes.default.svc.cluster.local"], expiration_seconds=3600))
         answer = core.create_namespaced_service_account_token(service_account, namespace, request)
         return str(answer.status.token)
+
+    def as_user(self, user: str) -> Kube:
+        """The admin acting as another user (impersonation): for identities such as the controller manager's."""
+        return Kube(self.kubeconfig, impersonate=user)
+
+    def patch(self, obj: dict[str, Any], operations: list[dict[str, Any]], subresource: str = "",
+              dry_run: bool = True) -> Answer:
+        """A JSON patch (RFC 6902) of the stored object."""
+        return self.request("PATCH", self.path(obj, subresource=subresource), operations,
+                            [("dryRun", "All")] if dry_run else [], "application/json-patch+json")
 
     def as_service_account(self, namespace: str, name: str) -> Kube:
         return Kube(self.kubeconfig, token=self.service_account_token(namespace, name))

@@ -1,50 +1,104 @@
 """Isolation, for real: the attack suite of tests/security sent to Kubernetes' own API server as a tenant's
 ServiceAccount (a real token), against the admission policies and tenant namespaces gpushare renders for the
-suite's fixture. Every request is a dry run (admission runs in full, nothing is stored), except the old object of an
-UPDATE, which is created first and removed after.
+suite's fixture. Every request is a dry run (admission runs in full, nothing is stored); the old object of an UPDATE
+is created for real beforehand, before the policies are applied (as a pod from before a policy would be), and the
+update is the JSON patch from the old object to the new one, as `kubectl edit` or a controller would send it.
 
 The server's answer must be what the offline model (tests/security/cel_admission.py with both CEL engines, and
 tests/security/pod_security.py for Pod Security) predicts: allowed or denied, by which policy or Pod Security
 level, and with which warnings. Where they disagree the server is right and the offline model is what gets fixed.
 
 Requests come from a ServiceAccount in the tenant's namespace holding the built-in `admin` role there
-(environments.tenant_client)."""
+(environments.tenant_client); those the model sends as Kueue come with a token of Kueue's ServiceAccount, those
+it sends as the controller manager or its controllers through impersonation by the admin."""
 
 from __future__ import annotations
 
 import copy
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
+import jsonpatch
 import pytest
 
 from gpushare.core.namespaces import TRUST_LABEL
-from tests.cluster.environments import apply_crds, ident, tenant_client
-from tests.cluster.kube import Answer, Kube
+from tests.cluster.environments import KueueStandIn, apply_crds, ident, tenant_client
+from tests.cluster.kube import Answer, Kube, eventually
+from tests.cluster.nodes import kwok_node
 from tests.security.cel_admission import Request, admit
 from tests.security.pod_security import violations
 from tests.security.tenants import policy_objects, tenancy_objects
 from tests.security.test_attacks import ATTACKS, Attack
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
-_names = itertools.count()
+
+
+# RuntimeClasses the attacks name: they must exist, or the server refuses the pod before admission.
+RUNTIME_CLASSES = ("nvidia", "nvidia-legacy", "runc-unconfined", "kata")
+TENANT_USER = "alice"  # the offline model's tenant user: sent as the tenant namespace's ServiceAccount
+
+
+def name_for(attack_id: str) -> str:
+    return "u-" + "".join(c if c.isalnum() else "-" for c in attack_id.lower())[:50].strip("-")
 
 
 class Tenants:
-    """The suite's cluster: gpushare's policies and tenant objects applied, a ServiceAccount per tenant namespace."""
+    """The suite's cluster: tenant namespaces with a ServiceAccount each, the old objects of every UPDATE attack
+    created as they were before the policies existed (a pod from before a policy is what such an attack edits), then
+    gpushare's policies and tenant objects applied."""
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         apply_crds(kube)
-        objects = [*policy_objects(), *tenancy_objects()]
-        for obj in sorted(objects, key=lambda o: o["kind"] != "Namespace"):
+        # Not the ResourceQuotas: the old objects below would use them up; tests/cluster/test_quotas.py has them.
+        objects = [o for o in (*policy_objects(), *tenancy_objects()) if o["kind"] != "ResourceQuota"]
+        # The model also sends Job pods as the controller manager itself, as one without
+        # --use-service-account-credentials creates them: give that user the rights it has there.
+        kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": "controller-manager-without-service-account-credentials"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": "cluster-admin"},
+                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                  "name": "system:kube-controller-manager"}]})
+        for name in RUNTIME_CLASSES:
+            kube.apply({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name},
+                        "handler": name.replace("-", "")})
+        first = [o for o in objects if o["kind"] in ("Namespace", "PriorityClass")]
+        for obj in first:
+            # namespaces as they were before gpushare: without its Pod Security levels yet
+            if obj["kind"] == "Namespace":
+                obj = copy.deepcopy(obj)
+                obj["metadata"]["labels"] = {k: v for k, v in obj["metadata"].get("labels", {}).items()
+                                             if not k.startswith("pod-security.kubernetes.io/")}
             answer = kube.apply(obj)
             assert answer.allowed, f"{ident(obj)}: {answer.message}"
         self.namespaces = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Namespace"}
-        self.clients: dict[str, Kube] = {}
-        for ns in self.namespaces:
-            self.clients[ns] = tenant_client(kube, ns)
+        self.clients: dict[str, Kube] = {ns: tenant_client(kube, ns) for ns in self.namespaces}
+        self.kueue = KueueStandIn(kube)
+        # The node the attacks bind pods to: without it the pod garbage collector removes such pods at once.
+        kube.create(kwok_node({"name": "gpu-node-1", "labels": {}, "taints": [], "advertised": {}}), dry_run=False)
+        self.old: dict[str, Answer] = {}  # attack id -> the creation of its old object
+        for attack in ATTACKS:
+            request = attack.request()
+            if request.operation == "UPDATE" and request.old_object is not None:
+                old = copy.deepcopy(request.old_object)
+                old["metadata"]["name"] = name_for(attack.id)
+                self.old[attack.id] = kube.create(old, dry_run=False)
+        for obj in objects:
+            if obj not in first or obj["kind"] == "Namespace":
+                answer = kube.apply(obj)
+                assert answer.allowed, f"{ident(obj)}: {answer.message}"
+        # Policies take effect once the API server's policy informer has them: wait for one to deny.
+        probe = ATTACKS_BY_ID["host-path-untrusted"].request()
+        eventually(lambda: self.send_create(probe).status == 403, what="gpushare's policies in force")
+
+    def client_for(self, request: Request) -> Kube:
+        assert request.namespace is not None
+        if request.username == TENANT_USER:
+            return self.clients[request.namespace["metadata"]["name"]]
+        if request.username.startswith("system:serviceaccount:kueue-system:"):
+            return self.kueue.kube
+        return self.kube.as_user(request.username)  # the controller manager and its controllers' accounts
 
     def labels_as(self, namespace: dict[str, Any]) -> None:
         """The namespace's labels set to the request's (an attack may have edited them), by the admin."""
@@ -60,25 +114,38 @@ class Tenants:
                                        content_type="application/merge-patch+json")
             assert answer.allowed, answer.message
 
-    def send(self, request: Request) -> Answer:
+    def send_create(self, request: Request) -> Answer:
         assert request.namespace is not None
-        ns = request.namespace["metadata"]["name"]
         self.labels_as(request.namespace)
-        tenant = self.clients[ns]
-        obj = copy.deepcopy(request.object)
+        return self.client_for(request).create(copy.deepcopy(request.object))
+
+    def send(self, attack: Attack) -> Answer:
+        request = attack.request()
         if request.operation == "CREATE":
-            return tenant.create(obj)
-        assert request.operation == "UPDATE" and request.old_object is not None
-        old = copy.deepcopy(request.old_object)
-        name = f"{old['metadata'].get('name', 'eval')}-{next(_names)}"
-        old["metadata"]["name"] = obj["metadata"]["name"] = name
-        created = tenant.create(old, dry_run=False)
-        assert created.allowed, f"the old object of the update was refused: {created.message}"
-        try:
-            obj["metadata"]["resourceVersion"] = created.body["metadata"]["resourceVersion"]
-            return tenant.update(obj, subresource=request.sub_resource)
-        finally:
-            self.kube.delete(old)
+            return self.send_create(request)
+        assert request.namespace is not None and request.old_object is not None
+        created = self.old[attack.id]
+        assert created.allowed, f"the old object of the update could not be created: {created.message}"
+        self.labels_as(request.namespace)
+        # The change from the old object to the new, as a JSON patch of what the server stores (defaults and all).
+        old, new = copy.deepcopy(request.old_object), copy.deepcopy(request.object)
+        for o in (old, new):
+            o["metadata"]["name"] = name_for(attack.id)
+        operations = jsonpatch.make_patch(_pruned(old), _pruned(new)).patch
+        return self.client_for(request).patch(new, operations, subresource=request.sub_resource)
+
+
+ATTACKS_BY_ID = {a.id: a for a in ATTACKS}
+
+
+def _pruned(value: Any) -> Any:
+    """Empty maps and lists dropped, as the server stores them: a patch must not address what it omits."""
+    if isinstance(value, dict):
+        out = {k: _pruned(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in ({}, [])}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +161,11 @@ def expected(attack: Attack) -> tuple[str, set[str], set[str]]:
     decision = admit(list(policy_objects()), request)
     assert request.namespace is not None
     level = request.namespace["metadata"].get("labels", {}).get(ENFORCE, "privileged")
-    pod_security = (request.object["kind"] == "Pod" and request.operation == "CREATE"
-                    and violations(request.object, level))
+    # Pod Security judges a pod's creation and every change of its spec (ephemeral containers included), not
+    # metadata-only updates, and never controllers (it only warns about their templates).
+    judged = request.object["kind"] == "Pod" and (
+        request.operation == "CREATE" or (request.old_object or {}).get("spec") != request.object["spec"])
+    pod_security = judged and violations(request.object, level)
     if pod_security:
         return f"pod-security:{level}", set(decision.warned), set(decision.denied)
     if decision.denied:
@@ -115,10 +185,10 @@ def policies_named(texts: list[str]) -> set[str]:
 @pytest.mark.parametrize("attack", ATTACKS, ids=[a.id for a in ATTACKS])
 def test_the_server_decides_as_the_offline_model(tenants: Tenants, attack: Attack) -> None:
     outcome, warned, denying = expected(attack)
-    answer = tenants.send(attack.request())
+    answer = tenants.send(attack)
     server_warned = policies_named(answer.warnings)
     if outcome == "allow":
-        assert answer.allowed, answer.message
+        assert answer.allowed, (answer.status, str(answer.body)[:1500])
         assert server_warned == warned, answer.warnings
     elif outcome == "deny":
         assert answer.status in (403, 422), (answer.status, answer.body)

@@ -158,7 +158,7 @@ def _every_bad_thing(p: dict[str, Any]) -> None:
     """A pod from before the policies: bound, privileged, shared, with CDI annotations and outside any queue."""
     p["metadata"]["labels"].pop(QUEUE_LABEL)
     for change in (host_path("/"), setter("spec", "nodeName", value="gpu-node-1"),
-                   setter("spec", "containers", 0, "securityContext", "privileged", value=True),
+                   privileged_main,
                    limits(**{"nvidia.com/gpu.shared": 1}),
                    setter("metadata", "annotations", value={"cdi.k8s.io/x": "nvidia.com/gpu=all"})):
         change(p)
@@ -189,6 +189,12 @@ SHARED = {"nvidia.com/gpu.shared": 1}
 CDI = {"cdi.k8s.io/devices": "nvidia.com/gpu=all"}
 PRIVILEGED = {"securityContext": {"privileged": True}}
 
+
+def privileged_main(p: dict[str, Any]) -> None:
+    """The main container privileged. The API server refuses privileged beside allowPrivilegeEscalation: false
+    (the example pod's) as invalid before any admission, so the attack lifts that too."""
+    main(p)["securityContext"].update(privileged=True, allowPrivilegeEscalation=True)
+
 ATTACKS: list[Attack] = [
     # allowed: the example pod and ordinary trusted work
     Attack("example-pod-untrusted", create(), ALLOW),
@@ -208,13 +214,10 @@ ATTACKS: list[Attack] = [
       for path in HOST_PATHS],
     Attack("host-path-untrusted", create(change=host_path("/dev/nvidia0")), "deny:gpushare-no-host-paths"),
     # privileged containers of every kind, host namespaces
-    Attack("privileged-main", create("serving", setter("spec", "containers", 0, "securityContext", "privileged",
-                                                       value=True)), "deny:gpushare-no-privileged-gpu-pods"),
+    Attack("privileged-main", create("serving", privileged_main), "deny:gpushare-no-privileged-gpu-pods"),
     Attack("privileged-init", create("serving", init_container(**PRIVILEGED)),
            "deny:gpushare-no-privileged-gpu-pods"),
-    Attack("privileged-ephemeral-in-spec", create("serving", setter("spec", "ephemeralContainers",
-                                                                    value=[ephemeral(**PRIVILEGED)])),
-           "deny:gpushare-no-privileged-gpu-pods"),
+    # (ephemeral containers in a pod's spec on create: the API server refuses them as invalid before admission)
     Attack("privileged-ephemeral-kubectl-debug", update(None, _add_ephemeral(**PRIVILEGED), "serving",
                                                         "ephemeralcontainers"),
            "deny:gpushare-no-privileged-gpu-pods"),
@@ -239,20 +242,23 @@ ATTACKS: list[Attack] = [
     # DRA claims gpushare did not template
     Attack("claim-pod-level", create("serving", setter("spec", "resourceClaims", value=[
         {"name": "gpu", "resourceClaimName": "any-gpu"}])), "deny:gpushare-no-resource-claims"),
-    Attack("claim-container", create("serving", setter("spec", "containers", 0, "resources", "claims",
-                                                       value=[{"name": "gpu"}])), "deny:gpushare-no-resource-claims"),
+    # a container's claim must name one of the pod's (the API server refuses it as invalid otherwise)
+    Attack("claim-container", create("serving", then(
+        setter("spec", "resourceClaims", value=[{"name": "gpu", "resourceClaimTemplateName": "any-gpu"}]),
+        setter("spec", "containers", 0, "resources", "claims", value=[{"name": "gpu"}]))),
+        "deny:gpushare-no-resource-claims"),
     Attack("claim-job-template", create("serving", setter("spec", "resourceClaims", value=[
         {"name": "gpu", "resourceClaimTemplateName": "gpu"}]), kind="Job"), "deny:gpushare-no-resource-claims"),
     # shared replicas and shared-pool tolerations for untrusted tenants, in every container kind
     Attack("shared-limits", create(change=limits(**SHARED)), "deny:gpushare-untrusted-no-shared-gpus"),
-    Attack("shared-requests", create(change=setter("spec", "containers", 0, "resources", "requests",
-                                                   value={"nvidia.com/mig-1g.10gb.shared": 1})),
+    # an extended resource in requests needs the same in limits (the API server refuses it as invalid otherwise)
+    Attack("shared-requests", create(change=then(
+        setter("spec", "containers", 0, "resources", "requests", value={"nvidia.com/mig-1g.10gb.shared": 1}),
+        setter("spec", "containers", 0, "resources", "limits", value={"nvidia.com/mig-1g.10gb.shared": 1}))),
            "deny:gpushare-untrusted-no-shared-gpus"),
     Attack("shared-init", create(change=init_container(resources={"limits": SHARED})),
            "deny:gpushare-untrusted-no-shared-gpus"),
-    Attack("shared-ephemeral-debug", update(None, _add_ephemeral(resources={"limits": SHARED}),
-                                            sub_resource="ephemeralcontainers"),
-           "deny:gpushare-untrusted-no-shared-gpus"),
+    # (an ephemeral container with resources: the API server refuses it as invalid before admission)
     Attack("shared-cronjob-template", create(change=limits(**SHARED), kind="CronJob"),
            "deny:gpushare-untrusted-no-shared-gpus"),
     Attack("shared-missing-trust-label", create("serving", limits(**SHARED), trust=None),
@@ -299,8 +305,7 @@ ATTACKS: list[Attack] = [
     Attack("unprivileged-debug-container", update(None, _add_ephemeral(
         securityContext={"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}),
         sub_resource="ephemeralcontainers"), ALLOW),
-    Attack("image-change-of-privileged-container", update(
-        setter("spec", "containers", 0, "securityContext", "privileged", value=True), _bump_image, "serving"),
+    Attack("image-change-of-privileged-container", update(privileged_main, _bump_image, "serving"),
         "deny:gpushare-no-privileged-gpu-pods"),
     Attack("deployment-update-adds-host-path", update(None, template(host_path("/etc/cdi")), "serving",
                                                       kind="Deployment"), "deny:gpushare-no-host-paths"),

@@ -1,0 +1,240 @@
+"""Kueue's own controller manager on a test cluster: the binary and its install manifest built from the Go module
+sigs.k8s.io/kueue (tools/gobuild.sh kueue, at KUEUE_VERSION in tools/versions.env), run as a local process on
+127.0.0.1 with the Configuration gpushare renders for the cluster (`gpushare preview`'s helm-values/<cluster>/
+kueue.yaml), under the real identity of Kueue's ServiceAccount (`kueue-system/kueue-controller-manager`, the one
+gpushare's admission policies let lift a pod's gate or resume a Job) with Kueue's own manager ClusterRole.
+
+What a Deployment of the chart would have and a local process has not, and what stands in for it:
+- Services in front of the webhooks: the webhook configurations (and the CRDs' conversion webhooks) from Kueue's
+  own manifest, each `clientConfig.service` rewritten to `url: https://127.0.0.1:<port><path>`, with the
+  namespaceSelector the chart adds to the job webhooks (kube-system and Kueue's namespace left out).
+- Certificates: Kueue's internal cert management is off (its rotator writes certificates for the Service's DNS
+  name, which a url cannot use); the fixture issues one for 127.0.0.1 from the cluster's CA. The manager reads the
+  metrics certificate from the fixed path /etc/kueue/metrics/certs, where the chart mounts a Secret: the process runs
+  in a mount namespace of its own in which an overlay over /etc holds it, so nothing outside changes.
+- The visibility API server (an aggregated API the chart registers as an APIService; gpushare reads nothing from
+  it) is switched off with `--feature-gates=VisibilityOnDemand=false`: with cert management off it reads its
+  certificate from /visibility and binds a fixed port.
+Only the listening addresses, the certificate directory and cert management differ from the rendered Configuration.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import os
+import shutil
+import ssl
+import urllib.request
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster import bins
+from tests.cluster.controlplane import Cluster, Process, free_port, spawn, wait_until
+from tests.cluster.kube import Kube, eventually
+
+NAMESPACE = "kueue-system"
+SERVICE_ACCOUNT = "kueue-controller-manager"
+MANAGER = "kueue-install"  # field manager of the objects from Kueue's own manifest
+KWOK_STAGES = Path(__file__).with_name("kwok-stages-long-running.yaml")
+# Parts of Kueue's manifest a local process does not use (see the module docstring).
+NOT_INSTALLED = frozenset({"Namespace", "ConfigMap", "Secret", "Service", "Deployment", "APIService"})
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+AUDIENCE = "https://kubernetes.default.svc.cluster.local"  # the test API server's issuer and default audience
+
+
+def folder() -> Path:
+    return bins.cache_dir() / f"kueue-{bins.versions()['KUEUE_VERSION']}"
+
+
+def find() -> tuple[Path | None, str]:
+    """Kueue's build folder (the `kueue` binary and `kueue-install.yaml`), or None and what to run."""
+    where = folder()
+    if (where / ".built").exists() and (where / "kueue").exists() and (where / "kueue-install.yaml").exists():
+        return where, ""
+    return None, (f"Kueue not built ({where}): run `make testbins` (tools/gobuild.sh kueue; needs Go and the Go "
+                  "module proxy)")
+
+
+@cache
+def install_manifest(build: Path) -> tuple[dict[str, Any], ...]:
+    """Kueue's own install manifest (`kustomize build config/default` of the module), as the build wrote it."""
+    return tuple(d for d in yaml.safe_load_all((build / "kueue-install.yaml").read_text()) if d)
+
+
+def rendered_configuration(helm_values: Path) -> dict[str, Any]:
+    """The Kueue Configuration in the Helm values gpushare renders (managerConfig.controllerManagerConfigYaml)."""
+    values = yaml.safe_load(helm_values.read_text())
+    config: dict[str, Any] = yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
+    return config
+
+
+def _url_config(client_config: dict[str, Any], base: str, ca_bundle: str) -> dict[str, Any]:
+    path = client_config.get("service", {}).get("path", "")
+    return {"url": f"{base}{path}", "caBundle": ca_bundle}
+
+
+def _is_job_webhook(webhook: dict[str, Any]) -> bool:
+    return not any("kueue.x-k8s.io" in rule.get("apiGroups", []) for rule in webhook.get("rules", []))
+
+
+def localised(obj: dict[str, Any], base: str, ca_bundle: str) -> dict[str, Any]:
+    """An object of Kueue's manifest with every webhook reached at `base` (https://127.0.0.1:port)."""
+    obj = copy.deepcopy(obj)
+    if obj["kind"] in WEBHOOK_KINDS:
+        for webhook in obj["webhooks"]:
+            webhook["clientConfig"] = _url_config(webhook["clientConfig"], base, ca_bundle)
+            if _is_job_webhook(webhook):
+                # As the chart renders them when the Configuration sets no managedJobsNamespaceSelector.
+                webhook.setdefault("namespaceSelector", {"matchExpressions": [{
+                    "key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NAMESPACE]}]})
+    elif obj["kind"] == "CustomResourceDefinition":
+        conversion = obj["spec"].get("conversion", {})
+        if conversion.get("strategy") == "Webhook":
+            conversion["webhook"]["clientConfig"] = _url_config(conversion["webhook"]["clientConfig"], base,
+                                                                ca_bundle)
+    return obj
+
+
+def service_account_token(kube: Kube, namespace: str, name: str, seconds: int = 86400) -> str:
+    """A TokenRequest token valid for a whole test session (Kueue holds it for as long as it runs)."""
+    answer = kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"audiences": [AUDIENCE], "expirationSeconds": seconds}})
+    assert answer.allowed, answer.message
+    return str(answer.body["status"]["token"])
+
+
+def _mount_namespace() -> list[str]:
+    """`unshare` for a private mount namespace; as a non-root user inside a user namespace of its own."""
+    if shutil.which("unshare") is None:
+        raise RuntimeError("Kueue's tests need unshare (util-linux) for the metrics certificate's fixed path")
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--mount", "--propagation", "private"]
+
+
+# The metrics certificate where the chart would mount it, visible to this process only.
+_MOUNTS = ('set -e; mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1/etc/upper,workdir=$1/etc/work" /etc; '
+           'mkdir -p /etc/kueue/metrics/certs; mount --bind "$1/metrics-certs" /etc/kueue/metrics/certs; '
+           'shift; exec "$@"')
+
+
+@dataclass
+class Kueue:
+    """Kueue's controller manager serving one test cluster."""
+
+    cluster: Cluster
+    kube: Kube  # the admin
+    build: Path
+    config: dict[str, Any]  # the Configuration it runs with
+    work: Path
+    process: Process | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, cluster: Cluster, kube: Kube, build: Path, rendered: dict[str, Any], work: Path) -> Kueue:
+        work.mkdir(parents=True, exist_ok=True)
+        ports = {"webhook": free_port(), "metrics": free_port(), "health": free_port()}
+        config = copy.deepcopy(rendered)
+        config["health"] = {**config.get("health", {}), "healthProbeBindAddress": f"127.0.0.1:{ports['health']}"}
+        config["metrics"] = {**config.get("metrics", {}), "bindAddress": f"127.0.0.1:{ports['metrics']}"}
+        config["webhook"] = {**config.get("webhook", {}), "port": ports["webhook"], "host": "127.0.0.1",
+                             "certDir": str(work / "webhook-certs")}
+        config["internalCertManagement"] = {"enable": False}
+        kueue = cls(cluster, kube, build, config, work, ports=ports)
+        kueue._install()
+        try:
+            kueue._run()
+        except BaseException:
+            kueue.stop()
+            raise
+        return kueue
+
+    # ---------------------------------------------------------------- set-up
+
+    @property
+    def base(self) -> str:
+        return f"https://127.0.0.1:{self.ports['webhook']}"
+
+    @property
+    def ca_bundle(self) -> str:
+        return base64.b64encode(Path(self.cluster.pki.path("ca.crt")).read_bytes()).decode()
+
+    def _install(self) -> None:
+        """Kueue's CRDs and RBAC from its own manifest (the webhooks once it serves them), its certificates."""
+        self.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}, dry_run=False)
+        objects = [localised(o, self.base, self.ca_bundle) for o in install_manifest(self.build)
+                   if o["kind"] not in NOT_INSTALLED and o["kind"] not in WEBHOOK_KINDS]
+        for obj in sorted(objects, key=lambda o: o["kind"] != "CustomResourceDefinition"):
+            answer = self.kube.apply(obj, manager=MANAGER)
+            assert answer.allowed, f"{obj['kind']} {obj['metadata']['name']}: {answer.message}"
+        for crd in (o for o in objects if o["kind"] == "CustomResourceDefinition"):
+            name = crd["metadata"]["name"]
+            eventually(lambda name=name: any(
+                c["type"] == "Established" and c["status"] == "True" for c in
+                (self.kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name) or {})
+                .get("status", {}).get("conditions", [])), what=f"CRD {name} established")
+        self.kube.dynamic.resources.invalidate_cache()
+        pki = self.cluster.pki
+        pki.issue("kueue", f"kueue-webhook-service.{NAMESPACE}.svc", server=True)  # its SANs hold 127.0.0.1
+        for sub in ("webhook-certs", "metrics-certs", "etc/upper", "etc/work"):
+            (self.work / sub).mkdir(parents=True, exist_ok=True)
+        for sub in ("webhook-certs", "metrics-certs"):
+            shutil.copy(pki.path("kueue.crt"), self.work / sub / "tls.crt")
+            shutil.copy(pki.path("kueue.key"), self.work / sub / "tls.key")
+        token = service_account_token(self.kube, NAMESPACE, SERVICE_ACCOUNT)
+        (self.work / "kubeconfig").write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kueue",
+            "clusters": [{"name": "test", "cluster": {"server": self.cluster.server,
+                                                      "certificate-authority": pki.path("ca.crt")}}],
+            "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+            "contexts": [{"name": "kueue", "context": {"cluster": "test", "user": SERVICE_ACCOUNT}}]}))
+        (self.work / "kueue-config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
+
+    def _ready(self) -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['health']}/readyz", timeout=3) as answer:
+            return bool(answer.status == 200)
+
+    def _run(self) -> None:
+        argv = [*_mount_namespace(), "sh", "-c", _MOUNTS, "kueue", str(self.work), str(self.build / "kueue"),
+                f"--config={self.work / 'kueue-config.yaml'}", f"--kubeconfig={self.work / 'kubeconfig'}",
+                "--feature-gates=VisibilityOnDemand=false"]
+        self.process = spawn("kueue", argv, self.work)
+        wait_until("Kueue's controller manager", self._ready, [self.process], timeout=120)
+        for obj in install_manifest(self.build):
+            if obj["kind"] in WEBHOOK_KINDS:
+                answer = self.kube.apply(localised(obj, self.base, self.ca_bundle), manager=MANAGER)
+                assert answer.allowed, f"{obj['kind']}: {answer.message}"
+        # Serving once a request through its webhooks is answered (a dry run: nothing is stored).
+        probe = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                 "metadata": {"name": "gpushare-test-webhook-probe"}, "spec": {}}
+        eventually(lambda: self.kube.create(probe).allowed, timeout=60, what="Kueue's webhooks answer")
+
+    # ---------------------------------------------------------------- use
+
+    def alive(self) -> str:
+        if self.process is None or self.process.popen.poll() is None:
+            return ""
+        return f"kueue exited with {self.process.popen.returncode}:\n{self.process.tail(60)}"
+
+    def scrape(self, token: str) -> str:
+        """Kueue's /metrics as Prometheus reads it: HTTPS, the bearer token of a ServiceAccount allowed /metrics
+        (Kueue's metrics server checks it with a TokenReview and a SubjectAccessReview)."""
+        ctx = ssl.create_default_context(cafile=self.cluster.pki.path("ca.crt"))
+        request = urllib.request.Request(f"https://127.0.0.1:{self.ports['metrics']}/metrics",
+                                         headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, context=ctx, timeout=10) as answer:  # noqa: S310 - our own server
+            return str(answer.read().decode())
+
+    def stop(self) -> None:
+        """Kueue's webhooks first (they fail closed: without Kueue no Job or Pod could be made), then the process
+        this fixture started, by its PID."""
+        for obj in install_manifest(self.build):
+            if obj["kind"] in WEBHOOK_KINDS:
+                self.kube.delete(obj)
+        if self.process is not None:
+            self.process.stop()
