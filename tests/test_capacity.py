@@ -490,8 +490,7 @@ def test_busy_but_quickly_admitted_work_adds_no_gpus() -> None:
 
 
 def test_durations_and_counts_read_as_people_write_them() -> None:
-    from gpushare.core.coverage import coverage_gaps, gaps_text
-    from gpushare.core.coverage import duration_text
+    from gpushare.core.coverage import coverage_gaps, duration_text, gaps_text
     from gpushare.ops.promote import _days, _num
 
     assert [duration_text(s) for s in (45, 2400, 5400, 7200, 172800)] == ["45 s", "40 min", "1.5 h", "2 h", "2 d"]
