@@ -12,10 +12,25 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import duration_seconds
+
+# One answer's bound: a day of 30 s steps over 5,000 GPUs is about 20 MB of JSON; a larger answer is split like
+# one Prometheus refused at its sample limit (read_steps halves it), so memory stays near this per reader.
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+# One query's bound, connection to last byte: above Prometheus's own default --query.timeout (2 min), past which the
+# server answers with an error; silence or a trickle beyond it is not a server limit but a server that does not
+# work.
+QUERY_SECONDS = 150.0
+# Every query of one command together (capacity's halving retries included).
+TOTAL_SECONDS = 900.0
+# Every series gpushare reads counts or measures something (GPUs, GPU-hours, ratios, seconds, bytes, errors): none
+# is negative, and no finite one reaches this (a timestamp is ~1.8e9, a fleet-year of GPU-hours ~1e8).
+MAX_SAMPLE = 1e15
 
 # Prometheus's query limits (the flag that sets each) and the words of its error when a query reaches one.
 SERVER_LIMITS = (
@@ -37,6 +52,70 @@ class ServerLimit(GpushareError):
             exit_code=2)
 
 
+class AnswerTooLarge(ServerLimit):
+    """An answer above MAX_ANSWER_BYTES: split and retried like a server limit, or named where it cannot be."""
+
+    def __init__(self, query: str, detail: str) -> None:
+        self.flag, self.query, self.detail = "the answer-size bound", query, detail
+        GpushareError.__init__(self, Problem(
+            f"Prometheus's answer to the {query} query is larger than gpushare reads at once ({detail})",
+            fix="deploy gpushare's recording rules (and backfill them with `gpushare capacity --backfill-rules`) so "
+                "that it reads pool-level series, or shorten --window"), exit_code=2)
+
+
+def _sample_text(text: str) -> str:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"sample value {text[:40]!r} is not a number") from None
+    if math.isnan(value) or value == math.inf:
+        # Prometheus's answer where there is nothing to divide, or a quantile in the +Inf bucket: the readers
+        # take it as no value (sample_value), never as a number.
+        return text
+    if value < 0:
+        raise ValueError(f"sample value {text[:40]} is negative, which nothing gpushare reads can be")
+    if value > MAX_SAMPLE:
+        raise ValueError(f"sample value {text[:40]} is above {MAX_SAMPLE:g}, more than any fleet counts")
+    return text
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+# [time, "value"]: JSON has no tuples, so the pair itself is read laxly (from a list) and its items strictly.
+Sample = Annotated[tuple[Annotated[float, Strict(), Field(allow_inf_nan=False)],
+                         Annotated[str, Strict(), AfterValidator(_sample_text)]], Strict(False)]
+
+
+class _Vector(_Strict):
+    metric: dict[str, str] = Field(default_factory=dict)
+    value: Sample
+
+
+class _Matrix(_Strict):
+    metric: dict[str, str] = Field(default_factory=dict)
+    values: list[Sample]
+
+
+class _VectorData(_Strict):
+    resultType: Literal["vector"]
+    result: list[_Vector]
+
+
+class _MatrixData(_Strict):
+    resultType: Literal["matrix"]
+    result: list[_Matrix]
+
+
+class _Answer(_Strict):
+    status: Literal["success"]
+    data: Any = None
+
+
+_DATA: dict[str, type[_Strict]] = {"vector": _VectorData, "matrix": _MatrixData}
+
+
 @dataclass
 class QueryTiming:
     name: str
@@ -47,7 +126,7 @@ class QueryTiming:
 class Prometheus:
     """The /api/v1/query and /api/v1/query_range endpoints. Errors name the URL and what to do."""
 
-    def __init__(self, url: str, timeout: float = 120.0) -> None:
+    def __init__(self, url: str, timeout: float = QUERY_SECONDS, total: float = TOTAL_SECONDS) -> None:
         try:
             parsed = urllib.parse.urlsplit(url)
             ok = parsed.scheme in ("http", "https") and bool(parsed.hostname) and parsed.port != 0
@@ -58,6 +137,8 @@ class Prometheus:
                                         fix="give the Prometheus base URL, e.g. http://prometheus:9090"), exit_code=2)
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.deadline = time.monotonic() + total  # for every query of this client together
+        self.total = total
         self.timings: list[QueryTiming] = []
 
     def query(self, name: str, expr: str, at: float) -> list[dict[str, Any]]:
@@ -81,14 +162,14 @@ class Prometheus:
                                          headers={"Content-Type": "application/x-www-form-urlencoded"})
         started = time.perf_counter()
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - user's URL
-                raw = response.read()
+            raw = self._read(request, name)
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")
+            detail = exc.read(4096).decode(errors="replace")
             try:
                 detail = json.loads(detail).get("error", detail)
-            except ValueError:
+            except (ValueError, AttributeError):
                 pass
+            detail = str(detail)
             flag = next((flag for flag, marker in SERVER_LIMITS if marker in detail), None)
             if flag is not None:
                 raise ServerLimit(flag, name, f"{self.url}: {detail[:300]}") from None
@@ -96,35 +177,108 @@ class Prometheus:
                 f"Prometheus at {self.url} refused the {name} query: HTTP {exc.code}: {detail[:300]}",
                 fix="check that --prometheus is the Prometheus server's base URL (no /graph or /api path)"),
                 exit_code=2) from None
-        except TimeoutError:
-            raise ServerLimit("--query.timeout", name, f"no answer from {self.url} within {self.timeout:.0f} s") \
-                from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError):
-                raise ServerLimit("--query.timeout", name, f"no answer from {self.url} within {self.timeout:.0f} s") \
-                    from None
+            if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
+                raise self._timed_out(name, started, 0) from None
             raise GpushareError(Problem(f"cannot reach Prometheus at {self.url}: {reason}",
                                         fix="check --prometheus (scheme, host, port) and that the server is up"),
                                 exit_code=2) from None
         wall = time.perf_counter() - started
         try:
             doc = json.loads(raw)
+        except RecursionError:
+            raise self._wrong(name, "JSON nested deeper than any Prometheus answer") from None
         except ValueError:
             raise GpushareError(Problem(f"{self.url} did not answer like a Prometheus API (no JSON)",
                                         fix="point --prometheus at a Prometheus server"), exit_code=2) from None
-        if doc.get("status") != "success":
-            raise GpushareError(Problem(f"Prometheus at {self.url}: {doc.get('error', doc)}"), exit_code=2)
-        data = doc["data"]
-        if result_type == "series":  # a list of label sets, no stats
-            self.timings.append(QueryTiming(name, wall, wall))
-            return [{"metric": labels} for labels in data]
-        reported = data.get("stats", {}).get("timings", {}).get("evalTotalTime")
-        self.timings.append(QueryTiming(name, float(reported) if reported is not None else wall, wall))
-        if data.get("resultType") != result_type:
-            raise GpushareError(Problem(f"Prometheus answered the {name} query with {data.get('resultType')}"))
+        if isinstance(doc, dict) and doc.get("status") == "error":
+            raise GpushareError(Problem(f"Prometheus at {self.url}: {str(doc.get('error', doc))[:300]}",
+                                        fix="check the query's series and labels exist on this server"), exit_code=2)
+        try:
+            data = _Answer.model_validate(doc).data
+            if result_type == "series":  # a list of label sets, no stats
+                labels = _SERIES.validate_python(data)
+                self.timings.append(QueryTiming(name, wall, wall))
+                return [{"metric": item} for item in labels]
+            if not isinstance(data, dict):
+                raise self._wrong(name, f"data is a {type(data).__name__}, not a mapping")
+            if data.get("resultType") != result_type:
+                raise GpushareError(Problem(f"Prometheus answered the {name} query with {data.get('resultType')}",
+                                            fix=f"check that {self.url} is a Prometheus server"), exit_code=2)
+            _DATA[result_type].model_validate(data)
+        except ValidationError as exc:
+            raise self._wrong(name, _first_error(exc)) from None
+        stats = data.get("stats")
+        reported = ((stats.get("timings") or {}) if isinstance(stats, dict) else {}).get("evalTotalTime")
+        seconds = float(reported) if isinstance(reported, (int, float)) and math.isfinite(reported) else wall
+        self.timings.append(QueryTiming(name, seconds, wall))
         result: list[dict[str, Any]] = data["result"]
         return result
+
+    def _read(self, request: urllib.request.Request, name: str) -> bytes:
+        """The whole answer, within this query's and this client's time bounds and MAX_ANSWER_BYTES. The socket's
+        timeout bounds each wait; it is lowered before every read, so a server that trickles bytes cannot stretch
+        the query past its bound."""
+        started = time.perf_counter()
+        deadline = min(time.monotonic() + self.timeout, self.deadline)
+        if deadline <= time.monotonic():
+            raise self._over_total(name)
+        with urllib.request.urlopen(request, timeout=deadline - time.monotonic()) as response:  # noqa: S310
+            # The socket under http.client's reader, to lower its timeout as the deadline nears.
+            sock = getattr(getattr(response.fp, "raw", None), "_sock", None)
+            parts: list[bytes] = []
+            size = 0
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._timed_out(name, started, size)
+                if sock is not None:
+                    sock.settimeout(left)
+                try:
+                    part = response.read1(1 << 20)
+                except TimeoutError:
+                    raise self._timed_out(name, started, size) from None
+                if not part:
+                    return b"".join(parts)
+                size += len(part)
+                if size > MAX_ANSWER_BYTES:
+                    raise AnswerTooLarge(name, f"more than {MAX_ANSWER_BYTES} bytes from {self.url}")
+                parts.append(part)
+
+    def _timed_out(self, name: str, started: float, size: int) -> GpushareError:
+        if time.monotonic() >= self.deadline:
+            return self._over_total(name)
+        waited = time.perf_counter() - started
+        got = f"sent {size} bytes of its answer" if size else "sent no answer"
+        return GpushareError(Problem(
+            f"Prometheus at {self.url} {got} to the {name} query within {waited:.0f} s, gpushare's bound on one "
+            f"query ({self.timeout:.0f} s; the server's own --query.timeout would have answered with an error)",
+            fix="check that the server is up and not overloaded (its /-/ready page) and that nothing between "
+                "(a proxy, a port-forward) holds the connection open"), exit_code=2)
+
+    def _over_total(self, name: str) -> GpushareError:
+        return GpushareError(Problem(
+            f"the queries to Prometheus at {self.url} took more than {self.total:.0f} s in all, gpushare's bound for "
+            f"one command ({len(self.timings)} answered before the {name} query)",
+            fix="deploy gpushare's recording rules (and backfill them with `gpushare capacity --backfill-rules`) so "
+                "that it reads pool-level series, shorten --window, or check the server's load"), exit_code=2)
+
+    def _wrong(self, name: str, detail: str) -> GpushareError:
+        return GpushareError(Problem(f"Prometheus at {self.url} answered the {name} query in a shape its HTTP API "
+                                     f"does not have: {detail}",
+                                     fix="point --prometheus at a Prometheus server (or one that speaks its API)"),
+                             exit_code=2)
+
+
+_SERIES = TypeAdapter(list[dict[str, str]])
+
+
+def _first_error(exc: ValidationError) -> str:
+    item = exc.errors()[0]
+    where = ".".join(str(p) for p in item["loc"] if not (isinstance(p, str) and p.startswith(("function-",
+                                                                                               "literal["))))
+    return f"{where or 'the answer'}: {item['msg']}"
 
 
 def sample_value(sample: dict[str, Any]) -> float | None:
