@@ -44,7 +44,7 @@ def main() -> None:
         if not any(p.cluster == cluster.name for p in fleet.pools):
             pulumi.log.warn(f"cluster {cluster.name} has no GPU pools: nothing is registered for it")
             continue
-        plans.append(plan_cluster(fleet, cluster, stack, guardrails, kept))
+        plans.append(plan_cluster(fleet, cluster, stack, guardrails, kept, stack.charts(root)))
     for warning in fleet.warnings:
         pulumi.log.warn(warning)
 

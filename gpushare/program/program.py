@@ -19,7 +19,7 @@ from gpushare.program.components.node_pool import GpuNodePool, GpuNodePoolArgs, 
 from gpushare.program.components.nvidia_stack import NvidiaStack, NvidiaStackArgs, prepare
 from gpushare.program.components.tenancy import Tenancy, TenancyArgs
 from gpushare.program.components.tenancy import prepare as prepare_tenancy
-from gpushare.program.stack_config import StackConfig
+from gpushare.program.stack_config import ChartSource, StackConfig
 
 
 @dataclass
@@ -36,7 +36,8 @@ class ClusterPlan:
 
 
 def plan_cluster(fleet: ResolvedFleet, cluster: spec.Cluster, stack: StackConfig, guardrails: Guardrails,
-                 kept: dict[str, dict[str, Any]]) -> ClusterPlan:
+                 kept: dict[str, dict[str, Any]], charts: ChartSource | None = None) -> ClusterPlan:
+    charts = charts or ChartSource()
     context = stack.kubeconfig_context(cluster)
     monitoring = stack.monitoring_for(cluster)
     gke = stack.gke(cluster) if cluster.kind == "gke" else None
@@ -51,19 +52,20 @@ def plan_cluster(fleet: ResolvedFleet, cluster: spec.Cluster, stack: StackConfig
     nvidia = NvidiaStackArgs(
         fleet=fleet, cluster=cluster, monitoring_release=monitoring.release,
         kept_device_plugin_configs=ov.kept_for_cluster(kept, cluster), site_values=stack.operator_values,
-        protect=stack.protect, gke_driver_installer=gke.driver_installer_manifest if gke else None)
+        protect=stack.protect, gke_driver_installer=gke.driver_installer_manifest if gke else None, charts=charts)
     prepare(nvidia)
-    monitoring_args = mon.MonitoringArgs(fleet=fleet, cluster=cluster, settings=monitoring, guardrails=guardrails)
+    monitoring_args = mon.MonitoringArgs(fleet=fleet, cluster=cluster, settings=monitoring, guardrails=guardrails,
+                                      charts=charts)
     mon.prometheus_rule(fleet, guardrails, cluster, monitoring)
     mon.dashboard_configmaps(fleet)
     tenancy = TenancyArgs(fleet=fleet, cluster=cluster, guardrails=guardrails, kueue=stack.kueue_for(cluster),
                           infrastructure_namespaces=(ov.NAMESPACE, monitoring.namespace),
-                          deployer=stack.deployer.identity())
+                          deployer=stack.deployer.identity(), charts=charts)
     prepare_tenancy(tenancy)
     driver = None
     if dra.is_dra(cluster):
         driver = dra_driver.DraDriverArgs(fleet=fleet, cluster=cluster, gpus=ov.ClusterGpus.of(fleet, cluster),
-                                          protect=stack.protect)
+                                          protect=stack.protect, charts=charts)
         dra_driver.prepare(driver)
     return ClusterPlan(cluster, context, monitoring_args, pool_args, nvidia, tenancy, driver)
 

@@ -4,10 +4,13 @@ default lives here and nowhere else."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import pulumi
 from pulumi.runtime import config as runtime_config
+from pulumi_kubernetes.helm.v3 import RepositoryOptsArgs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
@@ -80,6 +83,30 @@ class ClusterSettings(_Settings):
     kueue: KueueSettings | None = None
 
 
+ChartName = Literal["gpu-operator", "dra-driver", "kube-prometheus-stack", "kueue"]
+
+
+@dataclass(frozen=True)
+class ChartSource:
+    """Where each Helm release's chart comes from: the published chart at its pinned version, or a directory on disk
+    holding that release's content (gpushare:localCharts), and whether releases wait for their workloads."""
+
+    local: dict[str, str] = field(default_factory=dict)
+    skip_await: bool = False
+
+    def release_args(self, name: ChartName, chart: str, version: str, repository: str | None = None
+                     ) -> dict[str, Any]:
+        """The Release arguments naming the chart. A local chart has no version or repository to ask for: Helm
+        reads the directory as it is."""
+        args: dict[str, Any] = {"skip_await": True} if self.skip_await else {}
+        if name in self.local:
+            return {**args, "chart": self.local[name]}
+        args.update(chart=chart, version=version)
+        if repository is not None:
+            args["repository_opts"] = RepositoryOptsArgs(repo=repository)
+        return args
+
+
 class KeptConfig(_Settings):
     """A device-plugin config no longer in the environment that nodes still use, with its rendered file."""
 
@@ -99,6 +126,16 @@ class StackConfig(_Settings):
     operator_values: dict[str, Any] = Field(
         default_factory=dict, description="Site additions to the GPU Operator values (image mirrors, resources); "
         "keys gpushare sets itself are refused.")
+    local_charts: dict[ChartName, str] = Field(
+        default_factory=dict, description="A chart directory on disk in place of the published chart and version "
+        "(gpu-operator, dra-driver, kube-prometheus-stack, kueue; relative to the workspace): sites that cannot reach "
+        "the chart registries, and the real-engine tests. The directory must hold the pinned release's chart.")
+    skip_await: bool = Field(
+        False, description="Helm releases do not wait for their workloads to become ready: only for clusters whose "
+        "nodes run no containers (the test control plane's kwok nodes).")
+
+    def charts(self, root: Path) -> ChartSource:
+        return ChartSource({k: str(root / v) for k, v in self.local_charts.items()}, self.skip_await)
 
     @property
     def file(self) -> str:

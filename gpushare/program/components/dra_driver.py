@@ -20,6 +20,7 @@ from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import package_data
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.program.components import operator_values as ov
+from gpushare.program.stack_config import ChartSource
 
 CHART = "oci://registry.k8s.io/dra-driver-nvidia/charts/dra-driver-nvidia-gpu"
 RELEASE = "nvidia-dra-driver-gpu"
@@ -125,6 +126,7 @@ class DraDriverArgs:
     # The GPU Operator's release: driver and toolkit before the DRA driver starts.
     after: list[pulumi.Resource] = field(default_factory=list)
     protect: bool = False
+    charts: ChartSource = field(default_factory=ChartSource)
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,8 @@ class DraDriver(pulumi.ComponentResource):
         driver: list[pulumi.Resource] = list(args.after)
         if prepared.values is not None:
             driver = [Release(
-                f"{name}-chart", name=RELEASE, chart=CHART, version=chart_version(args.cluster),
+                f"{name}-chart", name=RELEASE,
+                **args.charts.release_args("dra-driver", CHART, chart_version(args.cluster)),
                 namespace=NAMESPACE, values=prepared.values,
                 opts=pulumi.ResourceOptions.merge(after, pulumi.ResourceOptions(protect=args.protect)))]
         else:

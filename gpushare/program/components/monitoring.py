@@ -6,18 +6,18 @@ label) or one installed here with a pinned chart."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 from pulumi_kubernetes.apiextensions import CustomResource
 from pulumi_kubernetes.core.v1 import ConfigMap, Namespace
-from pulumi_kubernetes.helm.v3 import Release, RepositoryOptsArgs
+from pulumi_kubernetes.helm.v3 import Release
 
 from gpushare.core import spec
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet
-from gpushare.program.stack_config import MonitoringSettings
+from gpushare.program.stack_config import ChartSource, MonitoringSettings
 from gpushare.render import monitoring
 
 KPS_CHART = "kube-prometheus-stack"
@@ -74,6 +74,7 @@ class MonitoringArgs:
     settings: MonitoringSettings
     guardrails: Guardrails
     provider: pulumi.ProviderResource | None = None  # the cluster's Kubernetes provider
+    charts: ChartSource = field(default_factory=ChartSource)
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -92,8 +93,9 @@ class Monitoring(pulumi.ComponentResource):
         if settings.mode == "install":
             namespace = Namespace(f"{name}-namespace", metadata={"name": settings.namespace}, opts=k8s)
             self.prerequisite = Release(
-                f"{name}-kube-prometheus-stack", name=settings.release, chart=KPS_CHART, version=KPS_VERSION,
-                repository_opts=RepositoryOptsArgs(repo=KPS_REPOSITORY), namespace=settings.namespace,
+                f"{name}-kube-prometheus-stack", name=settings.release,
+                **args.charts.release_args("kube-prometheus-stack", KPS_CHART, KPS_VERSION, KPS_REPOSITORY),
+                namespace=settings.namespace,
                 values=kps_values(),
                 opts=pulumi.ResourceOptions.merge(k8s, pulumi.ResourceOptions(depends_on=[namespace])))
         else:

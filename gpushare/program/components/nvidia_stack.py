@@ -10,7 +10,7 @@ import pulumi
 from pulumi_kubernetes.apiextensions import CustomResource
 from pulumi_kubernetes.apps.v1 import DaemonSet
 from pulumi_kubernetes.core.v1 import ConfigMap, Namespace, ResourceQuota, Service
-from pulumi_kubernetes.helm.v3 import Release, RepositoryOptsArgs
+from pulumi_kubernetes.helm.v3 import Release
 
 from gpushare.core import dra, spec
 from gpushare.core.errors import GpushareError, Problem
@@ -19,6 +19,7 @@ from gpushare.policy.device_plugin import settings_problems
 from gpushare.policy.rules import OPERATOR_VALUES_KEY, RENAMING_FIX, gpu_operator_chart_values, renaming_findings
 from gpushare.program.components import dra_driver
 from gpushare.program.components import operator_values as ov
+from gpushare.program.stack_config import ChartSource
 
 HOST_EXPORTER = "gpushare-dcgm-exporter-host"
 # The selector the operator's own exporter DaemonSet uses; opted-out hosts carry "false".
@@ -44,6 +45,7 @@ class NvidiaStackArgs:
     # What must exist before the operator: node opt-out labels, the monitoring stack's CRDs.
     after: list[pulumi.Resource] = field(default_factory=list)
     gke_driver_installer: str | None = None
+    charts: ChartSource = field(default_factory=ChartSource)
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,7 @@ class NvidiaStack(pulumi.ComponentResource):
         self.release = Release(
             f"{name}-gpu-operator",
             name=ov.RELEASE,  # fixed, so `helm list -n gpu-operator` shows it under this name
-            chart=ov.CHART, version=ov.CHART_VERSION,
-            repository_opts=RepositoryOptsArgs(repo=ov.CHART_REPOSITORY),
+            **args.charts.release_args("gpu-operator", ov.CHART, ov.CHART_VERSION, ov.CHART_REPOSITORY),
             namespace=ov.NAMESPACE, values=values,
             opts=pulumi.ResourceOptions.merge(k8s, pulumi.ResourceOptions(
                 depends_on=before_release, protect=args.protect)),

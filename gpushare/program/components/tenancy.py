@@ -25,7 +25,7 @@ from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.core.tenancy import KUEUE_EXCLUDED_PREFIXES, ClusterTenancy, cluster_tenancy, kueue_resources
 from gpushare.policy.admission import Deployer, DraClaims, admission_objects, kueue_user, pool_taints
-from gpushare.program.stack_config import KueueSettings
+from gpushare.program.stack_config import ChartSource, KueueSettings
 
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 KUEUE_VERSION = "0.19.2"
@@ -60,6 +60,7 @@ class TenancyArgs:
     provider: pulumi.ProviderResource | None = None
     # DRA clusters: the driver and its DeviceClasses, which tenants' claim templates name.
     after: list[pulumi.Resource] = field(default_factory=list)
+    charts: ChartSource = field(default_factory=ChartSource)
 
 
 def kueue_values(fleet: ResolvedFleet, cluster: spec.Cluster) -> dict[str, Any]:
@@ -138,7 +139,7 @@ class Tenancy(pulumi.ComponentResource):
         kueue: list[pulumi.Resource] = []
         if args.kueue.mode == "install":
             kueue.append(Release(
-                f"{name}-kueue", name="kueue", chart=KUEUE_CHART, version=KUEUE_VERSION,
+                f"{name}-kueue", name="kueue", **args.charts.release_args("kueue", KUEUE_CHART, KUEUE_VERSION),
                 namespace=args.kueue.namespace, create_namespace=True,
                 values=kueue_values(args.fleet, args.cluster), opts=k8s))
         else:
