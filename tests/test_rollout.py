@@ -324,7 +324,8 @@ def test_environment_without_a_stack_skips_pulumi(tmp_path: Path) -> None:
 
 def test_journal_tolerates_a_cut_last_line_but_not_a_broken_middle(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "j.jsonl")
-    journal.append({"event": "start", "rollout": "r1", "env": "dev"})
+    journal.append({"event": "start", "rollout": "r1", "env": "dev", "batches": [],
+                    "snapshot": {"name": "dev.yaml", "text": "", "profiles": {}}})
     journal.append({"event": "end", "rollout": "r1", "status": "failed"})
     with journal.path.open("a") as handle:
         handle.write('{"event": "ho')

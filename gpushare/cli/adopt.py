@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.cli.common import EnvOption, JsonOption, fail
+from gpushare.cli.common import EnvOption, JsonOption, fail, finite
 from gpushare.core.errors import GpushareError, Problem
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def drift_command(
     cluster: Annotated[str | None, typer.Option("--cluster", help="Which of the environment's clusters the dumps "
                                                 "or the context show (needed where it has several).")] = None,
     stuck_after: Annotated[float, typer.Option(
-        "--stuck-after", min=0, max=525_600,  # a year: beyond it the threshold means "never"
+        "--stuck-after", min=0, max=525_600, callback=finite,  # a year: beyond it the threshold means "never"
         help="Minutes a MIG change may stay pending or rebooting before it counts as drift.")] = 30.0,
     as_json: JsonOption = False,
 ) -> None:

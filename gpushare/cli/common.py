@@ -4,6 +4,7 @@ with their fixes, or one JSON object) and returns the exit to raise."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -24,7 +25,25 @@ ProfilesOption = Annotated[
 ]
 PrometheusOption = Annotated[str, typer.Option("--prometheus",
                                                help="Prometheus base URL, e.g. http://prometheus:9090")]
-EndOption = Annotated[float | None, typer.Option("--end", help="End of the window, Unix seconds (default: now).")]
+LAST_UNIX_SECOND = 253_402_300_799  # 9999-12-31T23:59:59Z, the last time datetime and Prometheus both hold
+
+
+def finite(value: float | None) -> float | None:
+    """Click's float options take `nan` and `inf`, which no option of gpushare means (and nan passes min/max)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number (fix: give a number, e.g. 300)")
+    return value
+
+
+def unix_time(value: float | None) -> float | None:
+    if finite(value) is not None and not 0 <= value <= LAST_UNIX_SECOND:  # type: ignore[operator]
+        raise typer.BadParameter(f"{value:g} is not a time in Unix seconds between 1970 and 9999 (fix: give one, "
+                                 "e.g. `date +%s`)")
+    return value
+
+
+EndOption = Annotated[float | None, typer.Option("--end", callback=unix_time,
+                                                 help="End of the window, Unix seconds (default: now).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gpushare.cli.common import finite
+
 if TYPE_CHECKING:
     from gpushare.planner.pack import PackPlan
 
@@ -36,7 +38,7 @@ def pack_command(
         int | None, typer.Option("--max-changes", min=0, help="With --fleet: most GPUs reconfigured.")
     ] = None,
     time_limit: Annotated[
-        float, typer.Option("--time-limit", min=1.0, max=3600.0,
+        float, typer.Option("--time-limit", min=1.0, max=3600.0, callback=finite,
                             help="Guard in seconds; the solve ends by work limits, so a run that stays under it "
                                  "is reproducible.")
     ] = 60.0,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpushare.cli.common import unix_time
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import check_output_file, write_file
 
@@ -39,8 +40,8 @@ def promote_command(
                                         "must name --from.")],
     prometheus: Annotated[str | None, typer.Option("--prometheus", help="Base URL of the Prometheus that scrapes "
                                                    "the --from environment, e.g. http://prometheus:9090")] = None,
-    at: Annotated[float | None, typer.Option("--at", help="Judge the gates as of this time, Unix seconds "
-                                             "(default: now).")] = None,
+    at: Annotated[float | None, typer.Option("--at", callback=unix_time, help="Judge the gates as of this time, "
+                                             "Unix seconds (default: now).")] = None,
     patch: Annotated[Path | None, typer.Option("--patch", help="Where to write the proposed change "
                                                 "(default: build/promote/<to>.patch).")] = None,
     offline_plan: Annotated[bool, typer.Option(

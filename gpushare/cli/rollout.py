@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gpushare.cli.common import finite
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.ops.rollout.batches import DEFAULT_BATCHES
 
@@ -44,8 +47,9 @@ def rollout_command(
                                                  "journal has no succeeded rollout: its configs are kept until the "
                                                  "prune step.")] = None,
     forks: Annotated[int, typer.Option("--forks", min=1, help="Ansible forks per batch.")] = 10,
-    gate_timeout: Annotated[float, typer.Option("--gate-timeout", min=0, help="Seconds to wait for the device "
-                                                "plugin to advertise a node's resources.")] = 300.0,
+    gate_timeout: Annotated[float, typer.Option("--gate-timeout", min=0, max=86_400, callback=finite,
+                                                help="Seconds to wait for the device plugin to advertise a node's "
+                                                     "resources.")] = 300.0,
     waivers: Annotated[Path | None, typer.Option("--waivers", help="Waivers file for the check "
                                                  "(default policies/waivers.yaml).")] = None,
     accept_drift: Annotated[bool, typer.Option("--accept-drift", help="Start although the hosts show drift the "
@@ -62,6 +66,8 @@ def rollout_command(
     from gpushare.ops.rollout.journal import Journal
     from gpushare.ops.rollout.plan import plan_rollout, state_dir
 
+    # A dry run resolves the journal's revisions in a throwaway folder: it changes nothing, revisions/ included.
+    scratch = Path(tempfile.mkdtemp(prefix="gpushare-dry-run-")) if dry_run else None
     try:
         if resume and rollback:
             raise GpushareError(Problem("--resume and --rollback together", path="--rollback",
@@ -79,18 +85,21 @@ def rollout_command(
         if not (resume or rollback):
             _check(env, waivers, as_json, refuse=True)
         plan = plan_rollout(fleet.source, fleet, journal, batches, kind="rollback" if rollback else "rollout",
-                            resume=resume, kubeconfig=kubeconfig is not None, previous=previous)
+                            resume=resume, kubeconfig=kubeconfig is not None, previous=previous, scratch=scratch)
         if rollback:
             _check(str(plan.env_file), waivers, as_json, refuse=False)
+        if dry_run:
+            if as_json:
+                print(json.dumps(plan.as_dict(), indent=2))
+            else:
+                _print_plan(plan)
+            return
     except GpushareError as err:
         raise fail(err, as_json) from None
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
-    if dry_run:
-        if as_json:
-            print(json.dumps(plan.as_dict(), indent=2))
-        else:
-            _print_plan(plan)
-        return
     if not (plan.done_hosts or any(plan.batches)) and plan.kind == "rollback":
         _say(as_json, "; ".join(plan.notes))
         return

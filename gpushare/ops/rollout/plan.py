@@ -142,6 +142,7 @@ class _Inputs:
     current: Snapshot
     revision: str
     dirty: bool
+    scratch: Path | None = None  # a dry run's throwaway folder: it writes nothing beside the journal
 
     @property
     def environment(self) -> str:
@@ -149,15 +150,19 @@ class _Inputs:
 
     @property
     def work(self) -> Path:
-        return self.journal.path.parent  # kept configs and materialized revisions live beside the journal
+        # Kept configs and materialized revisions live beside the journal.
+        return self.scratch if self.scratch is not None else self.journal.path.parent
 
 
 def plan_rollout(env_file: Path, fleet: ResolvedFleet, journal: Journal, batches_text: str, kind: Kind = "rollout",
-                 resume: bool = False, kubeconfig: bool = False, previous: str | None = None) -> RolloutPlan:
-    """What a rollout (or rollback, or resume) would do, from the environment file and the journal."""
+                 resume: bool = False, kubeconfig: bool = False, previous: str | None = None,
+                 scratch: Path | None = None) -> RolloutPlan:
+    """What a rollout (or rollback, or resume) would do, from the environment file and the journal. With
+    `scratch` (a dry run) the revisions it resolves and the configs it keeps are written there, not beside the
+    journal."""
     revision, dirty = git_revision(project_root(), [env_file, default_profiles_dir(env_file)])
     given = _Inputs(env_file, fleet, journal, parse_batches(batches_text), kubeconfig,
-                    journal.records(fleet.environment), Snapshot.of(env_file), revision, dirty)
+                    journal.records(fleet.environment), Snapshot.of(env_file), revision, dirty, scratch)
     if resume:
         return _plan_resume(given)
     if kind == "rollback":

@@ -81,17 +81,22 @@ class Snapshot:
         """environments/<name> (an inventory the plugin recognises) beside profiles/; returns the environment file."""
         shutil.rmtree(directory, ignore_errors=True)
         (directory / "profiles").mkdir(parents=True)
-        for name, text in self.profiles.items():
-            (directory / "profiles" / name).write_text(text)
         env_dir = directory / "environments"
-        env_dir.mkdir()
-        for rel, text in self.group_vars.items():
-            target = env_dir / "group_vars" / rel
+        files = {directory / "profiles" / name: text for name, text in self.profiles.items()}
+        files |= {env_dir / "group_vars" / rel: text for rel, text in self.group_vars.items()}
+        files[env_dir / self.name] = self.text
+        top = directory.resolve()
+        for target in files:
+            # The journal checks each name (journal.py); this holds for a Snapshot made any other way too.
+            if not target.resolve().is_relative_to(top) or target.is_symlink():
+                raise GpushareError(Problem(f"snapshot file {target.relative_to(directory)} would be written "
+                                            f"outside {directory}", file=str(directory),
+                                            fix="repair the journal's snapshot names: plain file names only"),
+                                    exit_code=2)
+        for target, text in files.items():
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
-        path = env_dir / self.name
-        path.write_text(self.text)
-        return path
+        return env_dir / self.name
 
 
 def git_revision(root: Path, paths: Iterable[Path] = ()) -> tuple[str, bool]:
