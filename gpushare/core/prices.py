@@ -15,7 +15,10 @@ from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import project_root
 from gpushare.core.spec import Located, Strict, load_model
 
-Price = Annotated[float, Field(ge=0, description="Price of one GPU-hour of this model, in the file's currency.")]
+# Finite and below a million per GPU-hour (list prices are single digits): `.inf` would print as Infinity, which
+# is not JSON.
+Price = Annotated[float, Field(ge=0, lt=1_000_000, allow_inf_nan=False,
+                               description="Price of one GPU-hour of this model, in the file's currency.")]
 
 
 class EnvironmentPrices(Strict):
@@ -52,11 +55,17 @@ def prices_path() -> Path:
 def _canonical(doc: Located, hourly: dict[str, float], base: tuple[str, ...]) -> dict[str, float]:
     catalog = load_catalog()
     out: dict[str, float] = {}
+    named: dict[str, str] = {}  # model -> the name it was priced under
     for name, price in hourly.items():
         model = catalog.find(name)
         if model is None:
             raise GpushareError(doc.problem((*base, name), f"{name!r} is not a GPU model in the catalog",
                                             fix="use the model's NVML name, e.g. NVIDIA H100 80GB HBM3"))
+        if model.name in named:  # two of a model's names: one price would win silently
+            raise GpushareError(doc.problem((*base, name), f"{name!r} and {named[model.name]!r} are both "
+                                            f"{model.name}, priced twice", fix="keep one price for the model, "
+                                            "under either name (`gpushare gpus` lists each model's names)"))
+        named[model.name] = name
         out[model.name] = price
     return out
 

@@ -46,6 +46,11 @@ def test_shipped_example_prices_load_with_overrides() -> None:
     ("apiVersion: gpushare.io/v9\ncurrency: EUR\nhourly: {L4: 1}\n", "apiVersion", "unknown apiVersion"),
     ("currency: EUR\nhourly: {L4: 1}\nenvironments: {dev: {hourly: {L5: 2}}}\n", "environments.dev.hourly.L5",
      "not a GPU model"),
+    ("currency: EUR\nhourly: {L4: .inf}\n", "hourly.L4", "finite number"),
+    ("currency: EUR\nhourly: {L4: 1e400}\n", "hourly.L4", "finite number"),
+    ("currency: EUR\nhourly: {L4: .nan}\n", "hourly.L4", "finite number"),
+    ("currency: EUR\nhourly: {L4: 1e12}\n", "hourly.L4", "less than"),
+    ("currency: EUR\nhourly: {NVIDIA A100-SXM4-80GB: 2, A800-80GB: 3}\n", "hourly.A800-80GB", "priced twice"),
 ])
 def test_bad_prices_file_is_a_located_error(tmp_path: Path, text: str, where: str, said: str) -> None:
     path = tmp_path / "prices.yaml"
