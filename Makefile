@@ -15,17 +15,20 @@ test: venv lint test-deps promtool testbins nvidia-bins
 test-unit: venv promtool $(if $(shell command -v go),nvidia-bins)
 	$(if $(wildcard ../shared/nvidia-tools/bin),PATH=$(abspath ../shared/nvidia-tools/bin):$$PATH) $(BIN)/pytest -q -m "not slow and not ansible"
 
+# gpushare's Ansible content, the collection gpushare.fleet (playbooks/ links to its playbooks).
+COLLECTION := gpushare/ansible_collections/gpushare/fleet
+
 lint: venv
 	$(BIN)/ruff check gpushare infra tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/check_import_cycles.py gpushare
 	$(BIN)/yamllint -s environments profiles
-	$(BIN)/ruff check playbooks
-	$(BIN)/yamllint -s playbooks tests/ansible
+	$(BIN)/ruff check $(COLLECTION)
+	$(BIN)/yamllint -s $(COLLECTION) tests/ansible
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/ansible-playbook --syntax-check -i localhost, \
 		playbooks/site.yml playbooks/rollout.yml playbooks/verify.yml
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/ansible-lint -q -c playbooks/.ansible-lint playbooks
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/ansible-lint -q -c $(COLLECTION)/.ansible-lint $(COLLECTION)
 
 # What the Ansible tests need on this machine (tests/ansible: debootstrap'd hosts booted with systemd-nspawn,
 # reached over ssh, fed from a local apt repository); apt-get runs only when something is missing.

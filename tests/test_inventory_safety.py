@@ -31,7 +31,8 @@ from tests.conftest import PROFILES, ROOT, WORKSPACE
 
 FIXTURES = ROOT / "tests" / "data" / "inventory_safety"
 EVERY_STRING = FIXTURES / "environments" / "every-string.yaml"
-PLUGIN = ROOT / "playbooks" / "inventory_plugins" / "gpushare_fleet.py"
+COLLECTION = ROOT / "gpushare" / "ansible_collections" / "gpushare" / "fleet"
+PLUGIN = COLLECTION / "plugins" / "inventory" / "gpushare_fleet.py"
 ANSIBLE_BIN = Path(sys.executable).parent
 
 runner = CliRunner()
@@ -332,7 +333,7 @@ def test_pyproject_requires_an_ansible_core_with_data_tagging_that_runs_on_pytho
 def test_no_playbook_task_or_module_hands_a_value_to_a_shell() -> None:
     """`$(...)` and backticks are inert only while no shell reads a value: tasks use argv, modules no shell."""
     shells = {"shell", "ansible.builtin.shell", "raw", "ansible.builtin.raw", "script", "ansible.builtin.script"}
-    for path in sorted((ROOT / "playbooks").rglob("*.yml")):
+    for path in sorted(COLLECTION.rglob("*.yml")):
         def tasks(node: Any) -> Iterator[dict[str, Any]]:
             if isinstance(node, dict):
                 yield node
@@ -344,7 +345,7 @@ def test_no_playbook_task_or_module_hands_a_value_to_a_shell() -> None:
 
         for task in tasks(yaml.safe_load(path.read_text())):
             assert not shells & set(task), f"{path.relative_to(ROOT)}: {task.get('name')} uses a shell"
-    for path in sorted((ROOT / "playbooks").rglob("*.py")):
+    for path in sorted(COLLECTION.rglob("*.py")):
         source = path.read_text()
         assert "shell=True" not in source and "use_unsafe_shell=True" not in source, path
 

@@ -4,6 +4,7 @@ written by `gpushare init`, and its files' format versions (no apiVersion reads 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,14 @@ from gpushare.cli import app
 from gpushare.cli.init import write_workspace
 from gpushare.core.errors import GpushareError
 from gpushare.core.guardrails import load_guardrails
-from gpushare.core.paths import WORKSPACE_MARKER, find_workspace, package_ansible, package_data_path, project_root
+from gpushare.core.paths import (
+    WORKSPACE_MARKER,
+    find_workspace,
+    package_ansible,
+    package_collection,
+    package_data_path,
+    project_root,
+)
 from gpushare.core.spec import load_environment, load_profile_file
 from gpushare.planner.demand import load_demand
 from gpushare.policy.rules import load_waivers
@@ -90,7 +98,7 @@ def test_the_checkout_is_a_workspace_and_its_defaults_are_the_package_s() -> Non
         assert (ROOT / "examples" / part).resolve() == package_data_path("examples", part)
     # The workspace ansible.cfg that init writes is this checkout's, less the paths of the checkout's own playbooks/
     # (a workspace's Ansible finds the installed package's: `gpushare ansible-env`).
-    paths = ("inventory_plugins =", "library =", "roles_path =")
+    paths = ("collections_path =", "# The package's collection")
     checkout = [line for line in (ROOT / "ansible.cfg").read_text().split("[defaults]")[1].splitlines()
                 if not line.startswith(paths)]
     assert (SKELETON / "ansible.cfg").read_text().split("[defaults]")[1].splitlines() == checkout
@@ -150,7 +158,8 @@ def test_a_workspace_names_no_path_of_the_machine_that_made_it(workspace: Path) 
     pack = yaml.safe_load(written["policies/pack/PulumiPolicy.yaml"])
     assert pack["runtime"] == project["runtime"]
     ansible = written["ansible.cfg"]
-    assert not [line for line in ansible.splitlines() if line.startswith(("roles_path", "library", "inventory_"))]
+    assert not [line for line in ansible.splitlines()
+                if line.startswith(("roles_path", "library", "inventory_", "collections_path"))]
     assert 'eval "$(gpushare ansible-env)"' in ansible
     assert f"gpushare=={version('gpushare')}" in written["requirements.txt"].splitlines()
 
@@ -212,9 +221,12 @@ def test_ansible_env_points_at_the_installed_package(workspace: Path, monkeypatc
     assert result.exit_code == 0, result.output
     env = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in result.stdout.splitlines())
     assert env["ANSIBLE_CONFIG"] == str(workspace.resolve() / "ansible.cfg")
-    assert env["ANSIBLE_ROLES_PATH"] == str(package_ansible("roles"))
+    # The package's collection comes first on the collections path, ahead of ansible-core's default places.
+    first, *rest = env["ANSIBLE_COLLECTIONS_PATH"].split(os.pathsep)
+    assert Path(first) / "ansible_collections" / "gpushare" / "fleet" == package_collection()
+    assert rest and (package_collection("roles", "mig", "tasks", "main.yml")).is_file()
     assert (Path(env["GPUSHARE_PLAYBOOKS"]) / "site.yml").is_file()
-    assert (Path(env["ANSIBLE_INVENTORY_PLUGINS"]) / "gpushare_fleet.py").is_file()
+    assert (package_collection("plugins", "inventory", "gpushare_fleet.py")).is_file()
     assert json.loads(runner.invoke(app, ["ansible-env", "--json"]).stdout) == env
 
 

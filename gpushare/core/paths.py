@@ -24,18 +24,28 @@ def package_data_path(*parts: str) -> Path:
 WORKSPACE_MARKER = "gpushare.yaml"  # at a workspace's root, as Pulumi.yaml marks a Pulumi project
 
 
+COLLECTION = ("gpushare", "fleet")  # the Ansible collection the package ships (namespace, name)
+DEFAULT_COLLECTIONS_PATH = "~/.ansible/collections:/usr/share/ansible/collections"  # ansible-core's own default
+
+
+def package_collection(*parts: str) -> Path:
+    """The Ansible collection gpushare.fleet shipped in the package: roles, modules, the inventory plugin and the
+    playbooks, laid out as `ansible-galaxy collection build` takes it."""
+    return Path(str(files("gpushare").joinpath("ansible_collections", *COLLECTION, *parts)))
+
+
 def package_ansible(*parts: str) -> Path:
-    """The Ansible content shipped in the package (playbooks, roles, modules, the inventory plugin)."""
-    return Path(str(files("gpushare").joinpath("ansible", *parts)))
+    """The playbooks shipped in the package (site.yml, rollout.yml, verify.yml), in the collection's playbooks/."""
+    return package_collection("playbooks", *parts)
 
 
 def ansible_environment(workspace: Path) -> dict[str, str]:
     """How Ansible finds gpushare's content on this machine: the workspace's ansible.cfg, and the installed package's
-    roles, modules and inventory plugin (ANSIBLE_* settings win over the file), with the playbooks' folder. Found
-    where the package is, so a workspace's files name no path of the machine that made them."""
-    return {"ANSIBLE_CONFIG": str(workspace / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(package_ansible("roles")),
-            "ANSIBLE_LIBRARY": str(package_ansible("library")),
-            "ANSIBLE_INVENTORY_PLUGINS": str(package_ansible("inventory_plugins")),
+    collection first on the collections path (ANSIBLE_* settings win over the file), with the playbooks' folder.
+    Found where the package is, so a workspace's files name no path of the machine that made them."""
+    collections = os.environ.get("ANSIBLE_COLLECTIONS_PATH") or DEFAULT_COLLECTIONS_PATH
+    return {"ANSIBLE_CONFIG": str(workspace / "ansible.cfg"),
+            "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join([str(package_collection().parents[2]), collections]),
             "GPUSHARE_PLAYBOOKS": str(package_ansible())}
 
 

@@ -1,8 +1,8 @@
 """The resolved fleet as an Ansible inventory: groups per environment, cluster and pool, and per host the facts
 the roles read (GPU model, driver branch, MIG config name and rendered content, device-plugin config, labels).
 
-Only bare-metal (Ansible-managed) hosts are listed; cloud node pools belong to Pulumi. The inventory plugin in
-playbooks/inventory_plugins/ is a thin adapter over `build_inventory`, so tests read the same data without Ansible.
+Only bare-metal (Ansible-managed) hosts are listed; cloud node pools belong to Pulumi. The inventory plugin
+gpushare.fleet.gpushare_fleet is a thin adapter over `build_inventory`, so tests read the same data without Ansible.
 
 Every string here comes from a validated environment file (spec.py's patterns), the catalog, policies/ or gpushare's
 own renderers, and Ansible receives all of it as untrusted data that it never templates (ansible-core 2.19).

@@ -129,14 +129,15 @@ class Controller:
         }
 
     def run(self, playbook: str, inventory: Path, extravars: dict[str, Any] | None = None,
-            limit: str | None = None, label: str = "") -> PlaybookRun:
+            limit: str | None = None, label: str = "", env: dict[str, str] | None = None) -> PlaybookRun:
+        """A playbook of the checkout's playbooks/ (or at an absolute path), with `env` over the controller's."""
         self.runs += 1
         private = self.workdir / f"runner-{self.runs:02d}"
         shutil.rmtree(private, ignore_errors=True)
         private.mkdir(parents=True)
         result = ansible_runner.run(
             private_data_dir=str(private), project_dir=str(ROOT), playbook=str(ROOT / "playbooks" / playbook),
-            inventory=str(inventory), envvars=self.env(), limit=limit, quiet=True, forks=self.forks,
+            inventory=str(inventory), envvars={**self.env(), **(env or {})}, limit=limit, quiet=True, forks=self.forks,
             extravars={"gpushare_kubeconfig": str(self.kubeconfig), **(extravars or {})},
         )
         log = self.logs / f"{self.runs:02d}-{label or Path(playbook).stem}.log"

@@ -22,7 +22,7 @@ from tests.ansible import packages
 from tests.ansible.controller import ENVIRONMENTS
 from tests.ansible.testbed import ROOT
 
-LIBRARY = ROOT / "playbooks" / "library"
+LIBRARY = ROOT / "gpushare" / "ansible_collections" / "gpushare" / "fleet" / "plugins" / "modules"
 FIXTURES = Path(__file__).resolve().parent / "fixture_packages"
 
 

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_REAL_PLUGIN = Path(__file__).resolve().parents[4] / "playbooks" / "inventory_plugins" / "gpushare_fleet.py"
+_COLLECTION = Path(__file__).resolve().parents[4] / "gpushare" / "ansible_collections" / "gpushare" / "fleet"
+_REAL_PLUGIN = _COLLECTION / "plugins" / "inventory" / "gpushare_fleet.py"
 _spec = importlib.util.spec_from_file_location("gpushare_fleet_under_test", _REAL_PLUGIN)
 assert _spec is not None and _spec.loader is not None
 gpushare_fleet = importlib.util.module_from_spec(_spec)

@@ -1,0 +1,332 @@
+#!/usr/bin/python
+"""Ansible module: add gpushare's rendered `nvidia` runtime to containerd through a drop-in, proving with
+`containerd config dump` that nothing else in the effective configuration changes."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import tempfile
+import tomllib
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: containerd_runtime
+short_description: Add the nvidia runtime to containerd through a drop-in, verified with containerd config dump
+description:
+  - Computes the effective configuration without the drop-in (the baseline), the drop-in to write, and the
+    effective configuration with it, all with C(containerd config dump) before anything is written. Any
+    difference other than the C(nvidia) runtime (and C(default_runtime_name) where O(allow_default_runtime)) is
+    refused and nothing is written. After writing, the real dump must equal the predicted one.
+  - containerd 1.x replaces a whole plugin table from an imported file, so for 1.x the drop-in carries the
+    baseline's table of each plugin it touches (for example C(SystemdCgroup) of C(runc) and registry settings)
+    with the rendered runtime merged in. containerd 2.x merges imported tables key by key and gets the rendered
+    drop-in as it is.
+  - Adds the drop-in to C(imports) of the main config when it is not imported yet.
+  - Returns C(changed) when a file was (or in check mode would be) written; containerd then needs a restart.
+options:
+  content:
+    description: The rendered drop-in (TOML).
+    type: str
+    required: true
+  dropin_path:
+    description: Where the drop-in goes.
+    type: path
+    default: /etc/containerd/conf.d/99-gpushare-nvidia.toml
+  config_path:
+    description: containerd's main config file.
+    type: path
+    default: /etc/containerd/config.toml
+  containerd:
+    description: containerd executable.
+    type: str
+    default: containerd
+  runtime_name:
+    description: The runtime the drop-in adds.
+    type: str
+    default: nvidia
+  allow_default_runtime:
+    description: Whether C(default_runtime_name) may change (containerd without CDI needs nvidia as default).
+    type: bool
+    default: false
+"""
+
+RETURN = r"""
+differences:
+  description: "Effective-config keys the drop-in changes, as C(key: before -> after)."
+  returned: always
+  type: list
+containerd_version:
+  description: containerd's version (major.minor).
+  returned: always
+  type: str
+"""
+
+
+HEADER = ("# containerd drop-in written by gpushare (Ansible role nvidia_container_toolkit): the rendered nvidia\n"
+          "# runtime merged into this host's effective table, because containerd %s replaces whole plugin\n"
+          "# tables from imported files. Do not edit; `containerd config dump` must differ only by the runtime.\n")
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+# ---------------------------------------------------------------- TOML writing (the subset containerd dumps)
+
+
+def _key(key):
+    return key if _BARE_KEY.match(key) else json.dumps(key)
+
+
+def _value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _is_table_array(value):
+    return isinstance(value, list) and value and all(isinstance(v, dict) for v in value)
+
+
+def dumps(data):
+    """TOML for nested dicts of scalars, lists and tables (what `containerd config dump` produces)."""
+    lines = []
+
+    def emit(table, path):
+        scalars = [(k, v) for k, v in table.items() if not isinstance(v, dict) and not _is_table_array(v)]
+        for k, v in scalars:
+            lines.append(f"{_key(k)} = {_value(v)}")
+        for k, v in table.items():
+            if isinstance(v, dict):
+                lines.append("")
+                lines.append("[{}]".format(".".join(_key(p) for p in path + [k])))
+                emit(v, path + [k])
+            elif _is_table_array(v):
+                for item in v:
+                    lines.append("")
+                    lines.append("[[{}]]".format(".".join(_key(p) for p in path + [k])))
+                    emit(item, path + [k])
+
+    emit(data, [])
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+# ---------------------------------------------------------------- pure logic (unit-tested)
+
+
+def merge(base, extra):
+    """Deep merge: tables merge key by key, everything else in `extra` wins."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def flatten(data, prefix=()):
+    out = {}
+    for key, value in data.items():
+        path = prefix + (key,)
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+def differences(before, after):
+    """Effective-config keys that differ, ignoring `imports` (the drop-in itself is the one added import)."""
+    flat_before = flatten({k: v for k, v in before.items() if k != "imports"})
+    flat_after = flatten({k: v for k, v in after.items() if k != "imports"})
+    keys = sorted(set(flat_before) | set(flat_after))
+    return [(k, flat_before.get(k), flat_after.get(k)) for k in keys if flat_before.get(k) != flat_after.get(k)]
+
+
+def disallowed(diffs, cri_plugins, runtime, allow_default_runtime):
+    bad = []
+    for key, old, new in diffs:
+        if len(key) >= 5 and key[0] == "plugins" and key[1] in cri_plugins and key[2:5] == (
+                "containerd", "runtimes", runtime):
+            continue
+        if allow_default_runtime and key[0] == "plugins" and key[1] in cri_plugins and key[2:] == (
+                "containerd", "default_runtime_name"):
+            continue
+        bad.append((key, old, new))
+    return bad
+
+
+def desired_dropin(rendered_text, baseline, major):
+    """The drop-in to write: the rendered one on containerd 2.x; on 1.x each plugin table it touches is the
+    baseline's table with the rendered settings merged in, because 1.x replaces whole plugin tables."""
+    if major >= 2:
+        return rendered_text
+    rendered = tomllib.loads(rendered_text)
+    plugins = {name: merge(baseline.get("plugins", {}).get(name, {}), table)
+               for name, table in rendered.get("plugins", {}).items()}
+    data = {"version": rendered.get("version", 2), "plugins": plugins}
+    return HEADER % ("1.x") + dumps(data)
+
+
+def format_key(key):
+    return ".".join(_key(str(p)) for p in key)
+
+
+# ---------------------------------------------------------------- host side
+
+
+class Containerd:
+    def __init__(self, module):
+        self.module = module
+        self.binary = module.get_bin_path(module.params["containerd"], required=True)
+
+    def version(self):
+        rc, out, err = self.module.run_command([self.binary, "--version"])
+        match = re.search(r"\sv?(\d+)\.(\d+)\.", out)
+        if rc != 0 or not match:
+            self.module.fail_json(msg="cannot read containerd's version: %s" % (err or out))
+        return int(match.group(1)), int(match.group(2))
+
+    def dump(self, config_path):
+        rc, out, err = self.module.run_command([self.binary, "--config", config_path, "config", "dump"])
+        if rc != 0:
+            self.module.fail_json(msg=f"containerd config dump failed for {config_path}: {err.strip()}")
+        return tomllib.loads(out)
+
+
+def expanded_imports(config, config_dir):
+    out = []
+    for pattern in config.get("imports", []):
+        path = pattern if os.path.isabs(pattern) else os.path.join(config_dir, pattern)
+        matches = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
+        out.extend(m for m in matches if m not in out)
+    return out
+
+
+def add_import(text, dropin_path, version):
+    """The main config's text with the drop-in added to `imports`, comments and layout kept."""
+    match = re.search(r"(?ms)^imports\s*=\s*\[(.*?)\]", text)
+    if match:
+        items = [i.strip() for i in match.group(1).split(",") if i.strip()]
+        items.append(json.dumps(dropin_path))
+        return text[:match.start()] + "imports = [{}]".format(", ".join(items)) + text[match.end():]
+    line = f"imports = [{json.dumps(dropin_path)}]\n"
+    version_line = re.search(r"(?m)^version\s*=.*\n?", text)
+    if version_line:
+        end = version_line.end()
+        prefix = text[:end] if text[:end].endswith("\n") else text[:end] + "\n"
+        return prefix + line + text[end:]
+    if not text.strip():
+        return f"version = {version}\n{line}"
+    return line + text
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "content": {"type": "str", "required": True},
+            "dropin_path": {"type": "path", "default": "/etc/containerd/conf.d/99-gpushare-nvidia.toml"},
+            "config_path": {"type": "path", "default": "/etc/containerd/config.toml"},
+            "containerd": {"type": "str", "default": "containerd"},
+            "runtime_name": {"type": "str", "default": "nvidia"},
+            "allow_default_runtime": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    containerd = Containerd(module)
+    major, minor = containerd.version()
+    rendered = tomllib.loads(p["content"])
+    cri_plugins = set(rendered.get("plugins", {}))
+
+    config_text = ""
+    if os.path.exists(p["config_path"]):
+        with open(p["config_path"]) as handle:
+            config_text = handle.read()
+    config = tomllib.loads(config_text) if config_text.strip() else {"version": rendered.get("version", 2)}
+    config_dir = os.path.dirname(p["config_path"])
+    others = [i for i in expanded_imports(config, config_dir) if i != p["dropin_path"]]
+
+    work = tempfile.mkdtemp(prefix="gpushare-containerd-")
+    try:
+        base_cfg = os.path.join(work, "baseline.toml")
+        with open(base_cfg, "w") as handle:
+            handle.write(dumps(merge(config, {"imports": others})))
+        baseline = containerd.dump(base_cfg)
+
+        dropin_text = desired_dropin(p["content"], baseline, major)
+        tmp_dropin = os.path.join(work, "dropin.toml")
+        with open(tmp_dropin, "w") as handle:
+            handle.write(dropin_text)
+        predicted_cfg = os.path.join(work, "predicted.toml")
+        with open(predicted_cfg, "w") as handle:
+            handle.write(dumps(merge(config, {"imports": others + [tmp_dropin]})))
+        predicted = containerd.dump(predicted_cfg)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    diffs = differences(baseline, predicted)
+    shown = [f"{format_key(k)}: {json.dumps(o)} -> {json.dumps(n)}" for k, o, n in diffs]
+    bad = disallowed(diffs, cri_plugins, p["runtime_name"], p["allow_default_runtime"])
+    if bad:
+        module.fail_json(msg="the drop-in would change containerd settings other than the {} runtime; nothing "
+                         "was written: {}".format(p["runtime_name"], "; ".join(
+                             f"{format_key(k)}: {json.dumps(o)} -> {json.dumps(n)}" for k, o, n in bad)),
+                         differences=shown)
+    if not any(k[0] == "plugins" and k[2:5] == ("containerd", "runtimes", p["runtime_name"]) for k, _, _ in diffs) \
+            and not _has_runtime(baseline, cri_plugins, p["runtime_name"]):
+        module.fail_json(msg=f"the drop-in adds no {p['runtime_name']} runtime to containerd's effective config",
+                         differences=shown)
+
+    current_dropin = None
+    if os.path.exists(p["dropin_path"]):
+        with open(p["dropin_path"]) as handle:
+            current_dropin = handle.read()
+    imported = p["dropin_path"] in expanded_imports(config, config_dir)
+    new_config_text = config_text if imported else add_import(config_text, p["dropin_path"],
+                                                              rendered.get("version", 2))
+    changed = current_dropin != dropin_text or new_config_text != config_text
+
+    if changed and not module.check_mode:
+        os.makedirs(os.path.dirname(p["dropin_path"]), mode=0o755, exist_ok=True)
+        _atomic_write(p["dropin_path"], dropin_text)
+        if new_config_text != config_text:
+            _atomic_write(p["config_path"], new_config_text)
+    if changed and not module.check_mode:  # unchanged files: the effective config is the prediction
+        after = containerd.dump(p["config_path"])
+        mismatch = differences(predicted, after)
+        if mismatch:
+            shown_after = [f"{format_key(k)}: {json.dumps(o)} -> {json.dumps(n)}" for k, o, n in mismatch]
+            module.fail_json(msg="containerd's effective config after writing differs from the prediction: "
+                             + "; ".join(shown_after), differences=shown)
+    module.exit_json(changed=changed, differences=shown, containerd_version=f"{major}.{minor}",
+                     dropin=dropin_text, diff={"before": current_dropin or "", "after": dropin_text})
+
+
+def _has_runtime(config, plugins, runtime):
+    return any(runtime in config.get("plugins", {}).get(p, {}).get("containerd", {}).get("runtimes", {})
+               for p in plugins)
+
+
+def _atomic_write(path, text):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".gpushare.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()

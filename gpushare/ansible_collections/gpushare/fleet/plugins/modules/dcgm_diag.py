@@ -1,0 +1,93 @@
+#!/usr/bin/python
+"""Ansible module: run `dcgmi diag` and judge its JSON report."""
+
+from __future__ import annotations
+
+import json
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: dcgm_diag
+short_description: Run DCGM's diagnostic (dcgmi diag --json) and report failing tests
+description:
+  - Runs C(dcgmi diag -r LEVEL --json) and parses the report (DCGM 4 layout, C(DCGM Diagnostic) >
+    C(test_categories) > C(tests) > C(results) per entity; the older C(DCGM GPU Diagnostic) key is read too).
+  - Changes nothing and never fails on a failing test; it returns C(passed) and C(failures) so the caller can
+    cordon the node first. It fails only when dcgmi gives no report at all.
+options:
+  level:
+    description: Diagnostic level (1 is the quick software and deployment check).
+    type: int
+    default: 1
+  dcgmi:
+    description: dcgmi executable.
+    type: str
+    default: dcgmi
+"""
+
+RETURN = r"""
+passed:
+  description: No test failed.
+  returned: always
+  type: bool
+failures:
+  description: One entry per failing test and entity, with the warning text.
+  returned: always
+  type: list
+dcgmi_rc:
+  description: Exit status of dcgmi diag (non-zero when a test failed).
+  returned: always
+  type: int
+"""
+
+
+def parse(text):
+    """(passed, failures, tests) from dcgmi's JSON; raises ValueError when it is not a diagnostic report."""
+    data = json.loads(text[text.index("{"):text.rindex("}") + 1])
+    root = data.get("DCGM Diagnostic") or data.get("DCGM GPU Diagnostic")
+    if not isinstance(root, dict):
+        raise ValueError("no 'DCGM Diagnostic' object in dcgmi's output")
+    if root.get("runtime_error"):
+        raise ValueError("dcgmi reported a runtime error: {}".format(root["runtime_error"]))
+    failures, tests = [], []
+    for category in root.get("test_categories", []):
+        for test in category.get("tests", []):
+            name = test.get("name", "?")
+            results = test.get("results", [])
+            summary = (test.get("test_summary") or {}).get("status")
+            statuses = [str(r.get("status", "")) for r in results] or ([summary] if summary else [])
+            tests.append({"category": category.get("category"), "name": name,
+                          "status": "Fail" if "Fail" in statuses or summary == "Fail" else (summary or "Pass")})
+            for result in results:
+                if result.get("status") == "Fail":
+                    warnings = [w.get("warning", "") for w in result.get("warnings", [])]
+                    failures.append({"category": category.get("category"), "test": name,
+                                     "entity": "{} {}".format(result.get("entity_group", "GPU"),
+                                                          result.get("entity_id", result.get("gpu_ids"))),
+                                     "warning": "; ".join(w for w in warnings if w)})
+            if summary == "Fail" and not any(f["test"] == name for f in failures):
+                failures.append({"category": category.get("category"), "test": name, "entity": "all",
+                                 "warning": ""})
+    return not failures, failures, tests
+
+
+def main():
+    module = AnsibleModule(argument_spec={"level": {"type": "int", "default": 1},
+                                          "dcgmi": {"type": "str", "default": "dcgmi"}},
+                           supports_check_mode=True)
+    dcgmi = module.get_bin_path(module.params["dcgmi"], required=True)
+    cmd = [dcgmi, "diag", "-r", str(module.params["level"]), "--json"]
+    rc, out, err = module.run_command(cmd)
+    try:
+        passed, failures, tests = parse(out)
+    except ValueError as exc:
+        module.fail_json(msg=f"dcgmi diag gave no usable report (rc {rc}): {exc}; stderr: {err.strip()}",
+                         cmd=cmd)
+    # Not `rc`: Ansible fails any task whose result has a non-zero rc, and a failing diagnostic is a result here
+    # (the role cordons the node and fails the host with the failures named).
+    module.exit_json(changed=False, passed=passed, failures=failures, tests=tests, dcgmi_rc=rc)
+
+
+if __name__ == "__main__":
+    main()

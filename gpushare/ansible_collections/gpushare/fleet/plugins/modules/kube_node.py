@@ -1,0 +1,202 @@
+#!/usr/bin/python
+"""Ansible module: cordon, drain, uncordon and label one Kubernetes node through kubectl (run on the controller)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: kube_node
+short_description: Cordon, drain, uncordon and label a Kubernetes node through kubectl
+description:
+  - Reads the node first and acts only on what differs (labels, schedulability); reports C(changed) accordingly.
+  - Drains with the eviction API (PodDisruptionBudgets are respected) and a timeout, or waits for the node's GPU
+    pods to finish, for long training jobs that must not be evicted.
+  - Order within one call, so a node is never schedulable half-configured - cordon, drain, label, uncordon.
+  - Meant to run on the controller (C(delegate_to) C(localhost)) with the kubeconfig the user gives.
+options:
+  node:
+    description: Node name.
+    type: str
+    required: true
+  kubectl:
+    description: kubectl executable.
+    type: str
+    default: kubectl
+  kubeconfig:
+    description: Path of the kubeconfig; empty for kubectl's default.
+    type: str
+    default: ""
+  context:
+    description: kubeconfig context; empty for the current one.
+    type: str
+    default: ""
+  schedulable:
+    description: C(false) cordons, C(true) uncordons; omitted leaves it as it is.
+    type: bool
+  drain:
+    description: Drain the node (cordons it first).
+    type: bool
+    default: false
+  drain_mode:
+    description: C(evict) evicts pods (respecting PodDisruptionBudgets); C(wait) waits for the node's GPU pods to end.
+    type: str
+    choices: [evict, wait]
+    default: evict
+  drain_timeout:
+    description: Seconds to wait for the drain or for the GPU pods.
+    type: int
+    default: 600
+  poll_interval:
+    description: Seconds between checks in C(wait) mode.
+    type: int
+    default: 10
+  gpu_resource_prefix:
+    description: Pods requesting resources with this prefix are GPU pods.
+    type: str
+    default: nvidia.com/
+  labels:
+    description: Labels to set (only these keys are touched; others stay).
+    type: dict
+"""
+
+RETURN = r"""
+commands:
+  description: The kubectl commands that changed something, in order.
+  returned: always
+  type: list
+labels:
+  description: The node's labels after the call.
+  returned: always
+  type: dict
+unschedulable:
+  description: Whether the node is cordoned after the call.
+  returned: always
+  type: bool
+"""
+
+
+class Kubectl:
+    def __init__(self, module):
+        self.module = module
+        p = module.params
+        self.base = [p["kubectl"]]
+        if p["kubeconfig"]:
+            self.base += ["--kubeconfig", p["kubeconfig"]]
+        if p["context"]:
+            self.base += ["--context", p["context"]]
+        self.commands = []
+
+    def run(self, *args, record=False):
+        cmd = self.base + list(args)
+        rc, out, err = self.module.run_command(cmd)
+        if rc != 0:
+            self.module.fail_json(msg=f"kubectl failed ({rc}): {err.strip() or out.strip()}", cmd=cmd,
+                                  commands=self.commands)
+        if record:
+            self.commands.append(" ".join(cmd))
+        return out
+
+    def node(self, name):
+        return json.loads(self.run("get", "node", name, "-o", "json"))
+
+
+def gpu_pods(pods, prefix):
+    """Names of pods still holding or about to hold GPUs: running or pending, requesting a GPU resource."""
+    found = []
+    for pod in pods.get("items", []):
+        if pod.get("status", {}).get("phase") not in ("Pending", "Running"):
+            continue
+        for container in pod.get("spec", {}).get("containers", []):
+            resources = container.get("resources", {})
+            wanted = list(resources.get("limits", {})) + list(resources.get("requests", {}))
+            if any(name.startswith(prefix) for name in wanted):
+                meta = pod.get("metadata", {})
+                found.append("{}/{}".format(meta.get("namespace", "default"), meta.get("name")))
+                break
+    return found
+
+
+def label_changes(current, wanted):
+    return {k: v for k, v in sorted(wanted.items()) if current.get(k) != v}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "node": {"type": "str", "required": True},
+            "kubectl": {"type": "str", "default": "kubectl"},
+            "kubeconfig": {"type": "str", "default": ""},
+            "context": {"type": "str", "default": ""},
+            "schedulable": {"type": "bool"},
+            "drain": {"type": "bool", "default": False},
+            "drain_mode": {"type": "str", "choices": ["evict", "wait"], "default": "evict"},
+            "drain_timeout": {"type": "int", "default": 600},
+            "poll_interval": {"type": "int", "default": 10},
+            "gpu_resource_prefix": {"type": "str", "default": "nvidia.com/"},
+            "labels": {"type": "dict"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    kubectl = Kubectl(module)
+    name = p["node"]
+    node = kubectl.node(name)
+    labels = dict(node.get("metadata", {}).get("labels", {}) or {})
+    unschedulable = bool(node.get("spec", {}).get("unschedulable", False))
+    changed = False
+
+    if (p["drain"] or p["schedulable"] is False) and not unschedulable:
+        changed = True
+        if not module.check_mode:
+            kubectl.run("cordon", name, record=True)
+        unschedulable = True
+
+    if p["drain"]:
+        changed = True
+        if not module.check_mode:
+            if p["drain_mode"] == "evict":
+                kubectl.run("drain", name, "--ignore-daemonsets", "--delete-emptydir-data",
+                            f"--timeout={p['drain_timeout']}s", record=True)
+            else:
+                wait_for_gpu_pods(module, kubectl, name)
+
+    if p["labels"]:
+        wanted = {str(k): str(v) for k, v in p["labels"].items()}
+        diff = label_changes(labels, wanted)
+        if diff:
+            changed = True
+            if not module.check_mode:
+                kubectl.run("label", "node", name, "--overwrite", *["{}={}".format(*kv) for kv in diff.items()],
+                            record=True)
+            labels.update(diff)
+
+    if p["schedulable"] is True and unschedulable:
+        changed = True
+        if not module.check_mode:
+            kubectl.run("uncordon", name, record=True)
+        unschedulable = False
+
+    module.exit_json(changed=changed, commands=kubectl.commands, labels=labels, unschedulable=unschedulable)
+
+
+def wait_for_gpu_pods(module, kubectl, name):
+    p = module.params
+    deadline = time.monotonic() + p["drain_timeout"]
+    while True:
+        pods = json.loads(kubectl.run("get", "pods", "--all-namespaces", "--field-selector",
+                                      f"spec.nodeName={name}", "-o", "json"))
+        busy = gpu_pods(pods, p["gpu_resource_prefix"])
+        if not busy:
+            return
+        if time.monotonic() >= deadline:
+            module.fail_json(msg=f"GPU pods still run on {name} after {p['drain_timeout']}s: {', '.join(busy)}; "
+                             "the node stays cordoned", pods=busy, commands=kubectl.commands)
+        time.sleep(p["poll_interval"])
+
+
+if __name__ == "__main__":
+    main()
