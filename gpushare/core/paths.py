@@ -85,6 +85,40 @@ def check_inside_workspace(path: Path, what: str) -> None:
             f"{real} {path}), or link only to files inside {root}"))
 
 
+WORKSPACE_API = "gpushare.io/v1"
+_MARKERS_READ: dict[tuple[str, int], None] = {}  # (path, mtime) of markers already checked in this process
+
+
+def check_marker(root: Path) -> None:
+    """The workspace marker is read like any workspace file: text, YAML, and a version this gpushare knows. A
+    marker that is none of these is refused before any other file of the workspace is trusted (exit 2)."""
+    from gpushare.core.files import parse_yaml, read_text
+
+    path = root / WORKSPACE_MARKER
+    try:
+        key = (str(path), os.stat(path).st_mtime_ns)
+    except OSError:
+        key = (str(path), -1)
+    if key in _MARKERS_READ:
+        return
+    try:
+        data = parse_yaml(read_text(path, "workspace marker"), str(path))
+    except GpushareError as err:
+        raise GpushareError(err.problems, exit_code=2) from None
+    fix = (f"write the marker `gpushare init` writes: apiVersion: {WORKSPACE_API} and kind: Workspace, on lines of "
+           "their own")
+    if not isinstance(data, dict) or data.get("kind") != "Workspace":
+        raise GpushareError(Problem("not a gpushare workspace marker (no `kind: Workspace`)", file=str(path),
+                                    path="kind", fix=fix), exit_code=2)
+    version = data.get("apiVersion")
+    if version != WORKSPACE_API:
+        raise GpushareError(Problem(
+            f"{str(version)[:60]!r} is not a version this gpushare reads ({WORKSPACE_API})", file=str(path),
+            path="apiVersion", fix=f"install the gpushare release the workspace's requirements.txt names, or {fix}"),
+            exit_code=2)
+    _MARKERS_READ[key] = None
+
+
 def project_root() -> Path:
     """The workspace: GPUSHARE_ROOT where set, else found by walking up from the working directory; never the
     package's own location, so an installed gpushare reads the user's files wherever it lives."""
@@ -94,6 +128,8 @@ def project_root() -> Path:
             raise GpushareError(Problem("GPUSHARE_ROOT does not name a directory", file=env_root,
                                         fix="point GPUSHARE_ROOT at a workspace (run `gpushare init DIR` to make "
                                             "one) or unset it"), exit_code=2)
+        if (Path(env_root) / WORKSPACE_MARKER).exists():
+            check_marker(Path(env_root))
         return Path(env_root)
     found = find_workspace(Path.cwd())
     if found is None:
@@ -101,6 +137,7 @@ def project_root() -> Path:
             f"not inside a gpushare workspace: no {WORKSPACE_MARKER} in {Path.cwd()} or any directory above it",
             fix="run `gpushare init DIR` to create a workspace and work inside it, or set GPUSHARE_ROOT"),
             exit_code=2)
+    check_marker(found)
     return found
 
 
