@@ -49,8 +49,10 @@ def test_drift_finds_exactly_the_planted_differences(imported: Imported, name: s
     imported(name)
     report = drift_of(read_dumps(CLUSTERS / name))
     assert found(report) == PLANTED[name]
-    # Before the first rollout gpushare's own labels are missing: pending, not drift.
-    assert {d.kind for d in report.pending} <= {"label", "toolkit-version", "device-plugin"}
+    # Before the first rollout gpushare's own labels, and the shared-GPU taint of time-sliced nodes, are missing:
+    # pending, not drift.
+    assert {d.kind for d in report.pending} <= {"label", "toolkit-version", "device-plugin", "taint"}
+    assert all(d.field == "spec.taints[gpushare.io/shared-gpu]" for d in report.pending if d.kind == "taint")
     code, out = cli("drift", "--env", ENV, "--from", str(CLUSTERS / name))
     assert set(out) == {"ok", "environment", "drift", "pending"}
     assert out["ok"] is (not PLANTED[name]) and code == (1 if PLANTED[name] else 0)

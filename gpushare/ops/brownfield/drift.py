@@ -15,6 +15,7 @@ from gpushare.core.resolve import (
     DEVICE_PLUGIN_CONFIG_LABEL,
     MIG_CONFIG_LABEL,
     MIG_STATE_LABEL,
+    SHARED_GPU_TAINT,
     TOOLKIT_VERSION_LABEL,
     ResolvedFleet,
     ResolvedNode,
@@ -256,7 +257,10 @@ class _NodeCheck:
                 for t in (self.node.get("spec") or {}).get("taints") or []
                 if not str(t.get("key")).startswith(SYSTEM_TAINT_PREFIXES)}
         for key, value, effect in sorted(want - have):
-            self.add("taint", f"spec.taints[{key}]", f"{key}={value}:{effect}", "absent")
+            # The shared-GPU taint is gpushare's own on every time-sliced or MPS node: on a cluster it has not rolled
+            # out to yet it is what the first rollout adds (pending, as an owned label not set yet), not drift.
+            self.add("taint", f"spec.taints[{key}]", f"{key}={value}:{effect}", "absent",
+                     pending=key == SHARED_GPU_TAINT.key)
         for key, value, effect in sorted(have - want):
             self.add("taint", f"spec.taints[{key}]", "absent", f"{key}={value}:{effect}")
 
