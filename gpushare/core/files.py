@@ -33,6 +33,10 @@ from gpushare.core.errors import GpushareError, Problem
 
 MAX_BYTES = 4 * 1024 * 1024  # the largest environment shipped is ~6 KB; a 4 MiB limit leaves room for any fleet
 MAX_INT_DIGITS = 18  # every count, quota and id fits; a longer number is a typo or an attack
+# Values a document may hold once its aliases are expanded (each alias counts as all it repeats). The largest input
+# read, a 5,000-node cluster dump, holds about 3 million; a "billion laughs" file of a few hundred bytes holds 10^9
+# and would exhaust memory wherever the values are walked (operator values merged, JSON written).
+MAX_EXPANDED = 10_000_000
 
 # ---------------------------------------------------------------- reading
 
@@ -115,10 +119,49 @@ class NumberTooLong(Exception):
         self.text, self.line = text, line
 
 
+class AliasBomb(Exception):
+    def __init__(self, line: int, recursive: bool) -> None:
+        self.line, self.recursive = line, recursive
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Count the values `root` expands to, each node once (aliases share their anchor's node, so the count is
+    linear in the document even where the expansion is exponential); refuse more than MAX_EXPANDED, or a cycle."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if key in sizes and not done:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if not done:
+            if key in open_nodes:
+                raise AliasBomb(node.start_mark.line + 1, recursive=True)
+            open_nodes.add(key)
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+            continue
+        open_nodes.discard(key)
+        sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+        if sizes[key] > MAX_EXPANDED:
+            raise AliasBomb(node.start_mark.line + 1, recursive=False)
+
+
 class StrictLoader(_Loader):
-    """Safe loading (libyaml when present) with YAML 1.2 scalars, no duplicate keys and no merge keys."""
+    """Safe loading (libyaml when present) with YAML 1.2 scalars, no duplicate keys, no merge keys and a bound on
+    what aliases expand to."""
 
     yaml_implicit_resolvers: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_expansion(node)
+        return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -196,6 +239,12 @@ def _parsed(load: Callable[[], Any], file: str) -> Any:
         raise GpushareError(Problem(f"a mapping key is a {key.kind} (a YAML complex key, `? ...`); every key gpushare "
                                     "reads is a plain name", file=file, line=key.line,
                                     fix="write the key as plain text, e.g. `name: value`")) from None
+    except AliasBomb as bomb:
+        what = ("an alias inside the value it names repeats it without end" if bomb.recursive else
+                f"its aliases (*name) expand to more than {MAX_EXPANDED:,} values")
+        raise GpushareError(Problem(f"YAML document too large once expanded: {what}", file=file, line=bomb.line,
+                                    fix="write the values out, or repeat fewer of them through anchors and "
+                                        "aliases")) from None
     except NumberTooLong as big:
         shown = big.text if len(big.text) <= 24 else f"{big.text[:12]}...({len(big.text)} digits)"
         raise GpushareError(Problem(f"number {shown} is longer than {MAX_INT_DIGITS} digits", file=file,
