@@ -151,19 +151,26 @@ def device_attributes(a: Applied, node: str, device: str) -> dict[str, Any]:
     return {k: next(iter(v.values())) for k, v in dev["attributes"].items()}
 
 
+def allocate(a: Applied, tenant: dict[str, Any], template: str, cls: dict[str, Any]) -> dict[str, Any]:
+    """The device the real scheduler allocates to a pod of the tenant claiming through the template (the pod is
+    created gated, admitted onto the flavor of the class's pool, and removed again)."""
+    client = tenant_client(a.kube, tenant["namespace"])
+    pod = claim_pod(tenant["namespace"], tenant["priority"], template)
+    made = client.create(pod, dry_run=False)
+    assert made.allowed, (template, made.message)
+    try:
+        a.kueue.admit(pod, flavor_for(a, cls))
+        (result,) = allocation(a.kube, pod)
+        return result
+    finally:
+        a.kube.delete(pod)
+
+
 def test_each_template_is_allocated_exactly_its_model_and_profile(dra: Applied) -> None:
     checked = 0
     for tenant, name, cls in usable(dra):
-        client = tenant_client(dra.kube, tenant["namespace"])
-        pod = claim_pod(tenant["namespace"], tenant["priority"], name)
-        made = client.create(pod, dry_run=False)
-        assert made.allowed, (name, made.message)
-        try:
-            dra.kueue.admit(pod, flavor_for(dra, cls))
-            (result,) = allocation(dra.kube, pod)
-            attrs = device_attributes(dra, result["pool"], result["device"])
-        finally:
-            dra.kube.delete(pod)
+        result = allocate(dra, tenant, name, cls)
+        attrs = device_attributes(dra, result["pool"], result["device"])
         expression = cls["spec"]["selectors"][0]["cel"]["expression"]
         assert f"'{attrs['productName']}'" in expression, (name, attrs)
         if attrs["type"] == "mig":
@@ -234,15 +241,7 @@ def test_exclusive_and_mig_claims_take_their_device_whole(dra: Applied) -> None:
         if cls["spec"]["config"][0]["opaque"]["parameters"].get("sharing", {}).get("strategy") in ("TimeSlicing",
                                                                                                     "MPS"):
             continue
-        client = tenant_client(dra.kube, tenant["namespace"])
-        pod = claim_pod(tenant["namespace"], tenant["priority"], name)
-        made = client.create(pod, dry_run=False)
-        assert made.allowed, (name, made.message)
-        try:
-            dra.kueue.admit(pod, flavor_for(dra, cls))
-            (result,) = allocation(dra.kube, pod)
-        finally:
-            dra.kube.delete(pod)
+        result = allocate(dra, tenant, name, cls)
         consumed = result.get("consumedCapacity", {}).get("shares")
         assert consumed == str(shares), f"{name}: the claim took {consumed} of {shares} shares of {result['device']}"
         checked += 1
