@@ -3,6 +3,7 @@ dumps hold, as `kubectl get -o yaml` would show them. Only list calls: it never 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,34 @@ CUSTOM = (
 )
 
 
-def read_live(kubeconfig: Path, context: str | None) -> ClusterState:
+# Time bounds: to connect, for each list call (connection to answer), and for the whole read. One list of 5,000 nodes
+# takes a few seconds on a busy API server; an answer that does not come within these is not coming.
+CONNECT_SECONDS = 10.0
+CALL_SECONDS = 120.0
+TOTAL_SECONDS = 300.0
+
+
+class _Clock:
+    """The request timeout for the next call: its own bound, cut to what is left of the whole read's."""
+
+    def __init__(self, total: float) -> None:
+        self.deadline = time.monotonic() + total
+        self.total = total
+
+    def timeout(self) -> tuple[float, float]:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        return min(CONNECT_SECONDS, left), min(CALL_SECONDS, left)
+
+
+def read_live(kubeconfig: Path, context: str | None, total: float = TOTAL_SECONDS) -> ClusterState:
     try:
         from kubernetes import client, config
         from kubernetes.client.exceptions import ApiException
         from kubernetes.config.config_exception import ConfigException
-        from urllib3.exceptions import HTTPError
+        from urllib3.exceptions import HTTPError, MaxRetryError, NewConnectionError
+        from urllib3.exceptions import TimeoutError as TimeoutErrors
     except ImportError:
         raise GpushareError(Problem("--kubeconfig needs the Kubernetes Python client, which is not installed",
                                     path="--kubeconfig", fix="pip install 'gpushare[live]', or dump the objects "
@@ -33,7 +56,12 @@ def read_live(kubeconfig: Path, context: str | None) -> ClusterState:
         raise GpushareError(Problem("file not found", file=str(kubeconfig), path="--kubeconfig",
                                     fix="give the cluster's kubeconfig"), exit_code=2)
     try:
-        api = config.new_client_from_config(config_file=str(kubeconfig), context=context)
+        settings = client.Configuration()
+        config.load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=settings,
+                                persist_config=False)
+        # No retries inside a call: urllib3 would repeat a timed-out list three times, past every bound below.
+        settings.retries = False
+        api = client.ApiClient(settings)
     except ConfigException as exc:
         raise GpushareError(Problem(f"unusable kubeconfig: {exc}", file=str(kubeconfig), path="--context",
                                     fix="check the file and the context name (kubectl config get-contexts)"),
@@ -43,13 +71,29 @@ def read_live(kubeconfig: Path, context: str | None) -> ClusterState:
     typed = ((core.list_node, "Node"), (core.list_config_map_for_all_namespaces, "ConfigMap"),
              (core.list_resource_quota_for_all_namespaces, "ResourceQuota"), (core.list_namespace, "Namespace"),
              (scheduling.list_priority_class, "PriorityClass"))
+    clock = _Clock(total)
+    listing = "the API server"
     try:
         for call, kind in typed:
-            items = [api.sanitize_for_serialization(item) for item in call().items]
+            listing = f"the list of {kind}s"
+            items = [api.sanitize_for_serialization(item) for item in call(_request_timeout=clock.timeout()).items]
             add_objects(state, {"kind": "List", "items": [{"kind": kind, **i} for i in items]}, state.source)
         for group, versions, plural, kind in CUSTOM:
-            items = _custom(custom, group, versions, plural, ApiException)
+            listing = f"the list of {kind}s"
+            items = _custom(custom, group, versions, plural, ApiException, clock)
             add_objects(state, {"kind": "List", "items": [{"kind": kind, **i} for i in items]}, state.source)
+    except NewConnectionError:  # urllib3 makes it a timeout too, but the server refused or is not there
+        raise GpushareError(Problem("cannot reach the API server: NewConnectionError", file=state.source,
+                                    fix="check the kubeconfig's server address and your network"),
+                            exit_code=2) from None
+    except (TimeoutError, TimeoutErrors) as exc:
+        bound = (f"the whole read's bound of {total:.0f} s" if time.monotonic() >= clock.deadline or
+                 isinstance(exc, TimeoutError) else f"the bound of {CONNECT_SECONDS:.0f} s to connect and "
+                 f"{CALL_SECONDS:.0f} s per list call")
+        raise GpushareError(Problem(f"the API server did not answer {listing} within {bound}", file=state.source,
+                                    fix="check that the kubeconfig's server is the cluster's API server and that it "
+                                        "answers (kubectl get nodes), or dump the objects with kubectl and pass "
+                                        "--from DIR (docs/adoption.md)"), exit_code=2) from None
     except ApiException as exc:
         raise GpushareError(Problem(f"the API server answered {exc.status} {exc.reason}", file=state.source,
                                     fix="check that the context may list nodes, configmaps, resourcequotas, "
@@ -60,6 +104,10 @@ def read_live(kubeconfig: Path, context: str | None) -> ClusterState:
         raise GpushareError(Problem(f"the API server's answer does not fit the client's schema: {first}",
                                     file=state.source, fix="use a kubernetes client that matches the cluster's "
                                     "minor (pip install 'gpushare[live]')"), exit_code=2) from None
+    except MaxRetryError as exc:
+        raise GpushareError(Problem(f"cannot reach the API server: {type(exc.reason).__name__}", file=state.source,
+                                    fix="check the kubeconfig's server address and your network"),
+                            exit_code=2) from None
     except (OSError, HTTPError) as exc:
         raise GpushareError(Problem(f"cannot reach the API server: {type(exc).__name__}", file=state.source,
                                     fix="check the kubeconfig's server address and your network"),
@@ -67,11 +115,11 @@ def read_live(kubeconfig: Path, context: str | None) -> ClusterState:
     return state
 
 
-def _custom(custom: Any, group: str, versions: tuple[str, ...], plural: str, not_found: type[Exception]
-            ) -> list[dict[str, Any]]:
+def _custom(custom: Any, group: str, versions: tuple[str, ...], plural: str, not_found: type[Exception],
+            clock: _Clock) -> list[dict[str, Any]]:
     for version in versions:
         try:
-            answer = custom.list_cluster_custom_object(group, version, plural)
+            answer = custom.list_cluster_custom_object(group, version, plural, _request_timeout=clock.timeout())
         except not_found as exc:
             if getattr(exc, "status", None) == 404:
                 continue
