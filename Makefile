@@ -50,13 +50,14 @@ promtool:
 	  if [ -n "$$blocked" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc; \
 	fi
 
-# Kubernetes' own programs for the control-plane tests (tests/cluster), built from their Go modules at the versions in
-# tools/versions.env into ~/.cache/gpushare/bin (GPUSHARE_BIN_CACHE overrides), once per version: minutes the first
-# time, nothing after. Needs Go and the Go module proxy.
+# Kubernetes' own programs and Kueue's controller for the control-plane tests (tests/cluster), built from their Go
+# modules at the versions in tools/versions.env into ~/.cache/gpushare/bin (GPUSHARE_BIN_CACHE overrides), once per
+# version: minutes the first time, nothing after. Needs Go and the Go module proxy.
 testbins:
 	tools/gobuild.sh etcd
 	tools/gobuild.sh kubernetes
 	tools/gobuild.sh kwok
+	tools/gobuild.sh kueue
 
 # NVIDIA's mig-parted and device plugin for the parser tests (tests/nvidia), built the same way from their Go modules
 # at the versions in tools/versions.env (cgo: needs gcc). `make test-unit` builds them only where Go is installed;

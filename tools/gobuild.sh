@@ -1,6 +1,6 @@
 #!/bin/sh
 # Build one test program from its Go module into the cache, once per version:
-#   tools/gobuild.sh kubernetes|etcd|kwok|mig-parted|k8s-device-plugin
+#   tools/gobuild.sh kubernetes|etcd|kwok|mig-parted|k8s-device-plugin|kueue|kustomize
 # The binaries land in $GPUSHARE_BIN_CACHE/<name>-<version>/ (default ~/.cache/gpushare/bin); a stamp file marks a
 # finished build, so a second call returns at once. Nothing is downloaded but Go modules from the module proxy.
 set -eu
@@ -14,10 +14,14 @@ case $name in
   kwok) version=$KWOK_VERSION ;;
   mig-parted) version=$MIG_PARTED_VERSION module=github.com/NVIDIA/mig-parted cmd=nvidia-mig-parted ;;
   k8s-device-plugin) version=$DEVICE_PLUGIN_VERSION module=github.com/NVIDIA/k8s-device-plugin cmd=nvidia-device-plugin ;;
-  *) echo "gobuild.sh: unknown program '$name' (kubernetes, etcd, kwok, mig-parted, k8s-device-plugin)" >&2; exit 2 ;;
+  kueue) version=$KUEUE_VERSION module=sigs.k8s.io/kueue ;;
+  kustomize) version=$KUSTOMIZE_VERSION module=sigs.k8s.io/kustomize/kustomize/v5 ;;
+  *) echo "gobuild.sh: unknown program '$name' (kubernetes, etcd, kwok, mig-parted, k8s-device-plugin, kueue, kustomize)" >&2; exit 2 ;;
 esac
 out=$cache/$name-$version
-[ -f "$out/.built" ] && exit 0
+# A Kubernetes build from before its version was stamped reports v0.0.0-master, which clients such as Kueue refuse.
+[ -f "$out/.built" ] && { [ "$name" != kubernetes ] || "$out/kube-apiserver" --version | grep -qx "Kubernetes v$version"; } \
+  && exit 0
 if ! command -v go >/dev/null 2>&1; then
   echo "gobuild.sh: Go is needed to build $name $version for gpushare's tests:" >&2
   echo "  apt-get install golang-go (1.24 or newer), or Go from https://go.dev/dl/ on PATH" >&2
@@ -96,6 +100,23 @@ package tools
 import _ "$module/cmd/$cmd"
 GO
     ;;
+  kueue)
+    # Kueue requires k8s.io/kubernetes, whose staging modules a requiring module cannot resolve (v0.0.0); built as
+    # its own main module instead, from the module proxy's zip, so its own go.mod and go.sum pick every version.
+    src=$(go mod download -json "$module@v$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    cp -R "$src/." . && chmod -R u+w .
+    ;;
+  kustomize)
+    go mod init gpushare.local/kustomize >/dev/null 2>&1
+    go mod edit -require="$module@v$version"
+    cat > tools.go <<GO
+//go:build tools
+
+package tools
+
+import _ "$module"
+GO
+    ;;
 esac
 [ -f "$here/gosum/$name-$version.sum" ] && cp "$here/gosum/$name-$version.sum" go.sum
 echo "building $name $version into $out (first time on this machine: minutes)" >&2
@@ -103,8 +124,16 @@ start=$(date +%s)
 case $name in
   kubernetes)
     go mod tidy -e >/dev/null 2>&1 || true
+    # The version stamped as Kubernetes' own build does (hack/lib/version.sh): /version answers v$version, not
+    # v0.0.0-master. Each binary is built aside and moved into place, so a running one is never overwritten.
+    stamp=""
+    for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+      stamp="$stamp -X $p.gitVersion=v$version -X $p.gitMajor=${version%%.*} -X $p.gitMinor=$(echo "$version" | cut -d. -f2)"
+      stamp="$stamp -X $p.gitTreeState=clean"
+    done
     for c in kube-apiserver kube-controller-manager kube-scheduler; do
-      go build -tags tools -ldflags "$ldflags" -o "$out/$c" "k8s.io/kubernetes/cmd/$c"
+      go build -tags tools -ldflags "$ldflags$stamp" -o "$work/$c" "k8s.io/kubernetes/cmd/$c"
+      mv -f "$work/$c" "$out/$c"
     done ;;
   etcd)
     go mod tidy >/dev/null
@@ -117,6 +146,16 @@ case $name in
     go mod tidy >/dev/null
     CGO_ENABLED=1 go build -tags tools -ldflags "$ldflags -extldflags=-Wl,-z,lazy -X $module/internal/info.version=v$version" \
       -o "$out/$cmd" "$module/cmd/$cmd" 2>"$work/build.log" || { cat "$work/build.log" >&2; exit 1; } ;;
+  kueue)
+    # The version variables Kueue's Makefile sets (the manager logs them and exports them as kueue_build_info).
+    go build -ldflags "$ldflags -X $module/pkg/version.GitVersion=v$version" -o "$out/kueue" ./cmd/kueue
+    # Kueue's own install manifest (CRDs with their conversion webhooks, RBAC, webhook configurations) from the same
+    # module, as its release manifest is made: kustomize build config/default.
+    "$here/gobuild.sh" kustomize
+    "$cache/kustomize-$KUSTOMIZE_VERSION/kustomize" build config/default > "$out/kueue-install.yaml" ;;
+  kustomize)
+    go mod tidy >/dev/null
+    go build -tags tools -ldflags "$ldflags" -o "$out/kustomize" "$module" ;;
 esac
 mkdir -p "$here/gosum"; [ -f "$here/gosum/$name-$version.sum" ] || cp go.sum "$here/gosum/$name-$version.sum"
 echo "built $name $version in $(( $(date +%s) - start )) s" >&2
