@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.core.errors import GpushareError
+from gpushare.core.errors import GpushareError, Problem
 
 if TYPE_CHECKING:
     from rich.console import Console, JustifyMethod, RenderableType
@@ -28,18 +28,25 @@ PrometheusOption = Annotated[str, typer.Option("--prometheus",
 LAST_UNIX_SECOND = 253_402_300_799  # 9999-12-31T23:59:59Z, the last time datetime and Prometheus both hold
 
 
-def finite(value: float | None) -> float | None:
-    """Click's float options take `nan` and `inf`, which no option of gpushare means (and nan passes min/max)."""
+def finite(param: typer.CallbackParam, value: float | None) -> float | None:
+    """Click's float options take `nan` and `inf`, which no option of gpushare means (and nan passes min/max).
+    A located error, not a usage box: the CLI's boundary prints it like any other, with --json too."""
     if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"{value} is not a finite number (fix: give a number, e.g. 300)")
+        raise GpushareError(Problem(f"{value} is not a finite number", path=_option(param),
+                                    fix="give a number, e.g. 300"), exit_code=2)
     return value
 
 
-def unix_time(value: float | None) -> float | None:
-    if finite(value) is not None and not 0 <= value <= LAST_UNIX_SECOND:  # type: ignore[operator]
-        raise typer.BadParameter(f"{value:g} is not a time in Unix seconds between 1970 and 9999 (fix: give one, "
-                                 "e.g. `date +%s`)")
+def unix_time(param: typer.CallbackParam, value: float | None) -> float | None:
+    if finite(param, value) is not None and not 0 <= value <= LAST_UNIX_SECOND:  # type: ignore[operator]
+        raise GpushareError(Problem(f"{value:g} is not a time in Unix seconds between 1970 and 9999",
+                                    path=_option(param), fix="give one, e.g. `date +%s`, or leave the option out "
+                                    "for now"), exit_code=2)
     return value
+
+
+def _option(param: typer.CallbackParam) -> str:
+    return max(param.opts, key=len) if param.opts else str(param.name)
 
 
 EndOption = Annotated[float | None, typer.Option("--end", callback=unix_time,

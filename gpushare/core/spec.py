@@ -690,6 +690,7 @@ _TYPE_FIXES = {
     "int_type": "write a whole number without quotes, e.g. 4",
     "int_from_float": "write a whole number, e.g. 4",
     "float_type": "write a number without quotes, e.g. 1.5",
+    "finite_number": "write a finite number, e.g. 1.5 (not .inf or .nan)",
     "bool_type": "write true or false without quotes",
     "string_type": "write text; quote it if YAML would read it as something else, e.g. '123'",
     "dict_type": "write a mapping (key: value lines)",

@@ -35,6 +35,18 @@ def _pilot_over_quota(root: Path) -> bytes:
     return text[:start] + b"quota:\n" + key + b": 400" + text[end:]
 
 
+_BOMB = b"x-laughs:\n  a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + b"".join(
+    f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n".encode() for i in range(1, 10))
+
+
+def _node_dump(count: bytes, taints: bytes = b"taints: []", managed: bytes = b"managedFields: []") -> bytes:
+    """One GPU node as `kubectl get nodes -o yaml` writes it, with the given fields."""
+    return (b"apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata:\n"
+            b"    name: gpu-01\n    " + managed + b"\n    labels:\n      nvidia.com/gpu.present: \"true\"\n"
+            b"      nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB\n      " + count + b"\n  spec:\n    " + taints +
+            b"\n  status:\n    addresses: [{type: InternalIP, address: 10.0.1.11}]\n")
+
+
 CASES = [
     Case("file", "`--env` names a directory", ["validate", "--env", "inputs/dir.yaml"], 2, ["is a directory"]),
     Case("file", "`--env` names a FIFO", ["validate", "--env", "inputs/fifo.yaml"], 2, ["FIFO"]),
@@ -105,6 +117,41 @@ CASES = [
                                                                 "--out", "."], 2, ["no GPU node to import"]),
     Case("option", "`check --waivers` names a missing file", ["check", "--env", "dev", "--no-plan", "--waivers",
                                                               "inputs/missing.yaml"], 2, ["not found"]),
+    Case("yaml", "aliases that expand to a billion values", ["validate", "--env", "inputs/dev.yaml"], 1,
+         ["expand to more than"], {"dev.yaml": seed("dev.yaml") + _BOMB}),
+    Case("option", "`showback --end nan`", ["showback", "--env", "dev", "--prometheus", "http://127.0.0.1:9",
+                                             "--end", "nan"], 2, ["not a finite number"]),
+    Case("option", "`pack --time-limit nan`", ["pack", "--demand", "examples/demand/inference.yaml",
+                                                "--time-limit", "nan"], 2, ["not a finite number"]),
+    Case("option", "`promote --at 1e300`", ["promote", "--from", "pilot", "--to", "prod", "--at", "1e300"], 2,
+         ["between 1970 and 9999"]),
+    Case("prices", "a price of `.inf`", ["showback", "--env", "dev", "--prometheus", "http://127.0.0.1:9",
+                                         "--prices", "inputs/prices.yaml"], 1, ["finite number"],
+         {"prices.yaml": b"apiVersion: gpushare.io/v1\nkind: Prices\ncurrency: EUR\nhourly: {L4: .inf}\n"}),
+    Case("prices", "a model priced under two of its names", ["showback", "--env", "dev", "--prometheus",
+                                                             "http://127.0.0.1:9", "--prices", "inputs/prices.yaml"],
+         1, ["priced twice"], {"prices.yaml": b"apiVersion: gpushare.io/v1\nkind: Prices\ncurrency: EUR\n"
+                               b"hourly: {NVIDIA A100-SXM4-80GB: 2, A800-80GB: 3}\n"}),
+    Case("adoption", "a dump whose GPU count label is unquoted", ["import", "--from", "inputs/dumps", "--env",
+                                                                   "adopted", "--out", "."], 1,
+         ["metadata.labels[nvidia.com/gpu.count]"], {"dumps/nodes.yaml": _node_dump(b"nvidia.com/gpu.count: 8")}),
+    Case("adoption", "a dump whose taint is a string", ["drift", "--env", "dev", "--from", "inputs/dumps"], 1,
+         ["spec.taints[0]"], {"dumps/nodes.yaml": _node_dump(b'nvidia.com/gpu.count: "8"',
+                                                             b"taints: [gpu=true:NoSchedule]")}),
+    Case("adoption", "a dump whose managedFields time is not a time", ["drift", "--env", "dev", "--from",
+                                                                       "inputs/dumps"], 1, ["RFC 3339"],
+         {"dumps/nodes.yaml": _node_dump(b'nvidia.com/gpu.count: "8"', b"taints: []",
+                                         b"managedFields: [{manager: gfd, time: yesterday}]")}),
+    Case("rollout", "a journal line of the wrong shape", ["rollout", "--env", "dev", "--resume", "--dry-run",
+                                                          "--journal", "inputs/journal.jsonl"], 2,
+         ["journal.jsonl:1", "batches"], {"journal.jsonl": b'{"event": "start", "rollout": "dev-1", "env": "dev", '
+                                          b'"batches": "dev-gpu-01", "snapshot": {}}\n'}),
+    Case("rollout", "a journal snapshot name that leads out of its folder", ["rollout", "--env", "dev", "--resume",
+                                                                            "--dry-run", "--journal",
+                                                                            "inputs/journal.jsonl"], 2,
+         ["not a plain file name"], {"journal.jsonl": b'{"event": "start", "rollout": "dev-1", "env": "dev", '
+                                     b'"batches": [], "snapshot": {"name": "../../../evil.yaml", "text": "", '
+                                     b'"profiles": {}}}\n'}),
 ]
 
 
@@ -114,12 +161,16 @@ def run_case(worker: Worker, case: Case) -> Result:
         files["pilot.yaml"] = _pilot_over_quota(worker.workspace)
     for name, data in files.items():
         path = worker.workspace / "inputs" / name
+        path.parent.mkdir(parents=True, exist_ok=True)  # a folder of dumps
         path.write_bytes(data)
     try:
         return worker.run(case.args)
     finally:
         for name in files:
-            (worker.workspace / "inputs" / name).unlink()
+            path = worker.workspace / "inputs" / name
+            path.unlink()
+            if path.parent.name != "inputs" and not any(path.parent.iterdir()):
+                path.parent.rmdir()
 
 
 def _cell(text: str) -> str:
