@@ -57,11 +57,30 @@ __all__ = ["app", "fail", "main"]
 EXIT_INTERNAL = 70  # EX_SOFTWARE: gpushare itself failed, whatever the input
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _terminate_as_interrupt() -> None:
+    """SIGTERM and SIGHUP (a CI job cancelled, a terminal closed) end gpushare as Ctrl-C does: by an exception, so
+    every write's cleanup runs (temporary files removed, the old output left whole) instead of the process simply
+    stopping. A handler someone else installed is left alone."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _interrupt)
+
+
 def main(argv: list[str] | None = None) -> Any:
     """The one boundary of every command: exit 0, 1 (invalid input or a failed check), 2 (unusable input or
     usage), 3 (no GPU or NVML), 130 (interrupted) or 70 (an internal error, in one line); never a traceback."""
     args = list(argv if argv is not None else sys.argv[1:])
     as_json = "--json" in args
+    _terminate_as_interrupt()
     try:
         return app(args=args, prog_name="gpushare")
     except GpushareError as err:

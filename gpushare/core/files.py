@@ -11,19 +11,24 @@ changes, so a reviewer of the diff would not see it (a tenant's trust, a quota, 
 Writing: a file is written beside its target and renamed over it; a directory is built beside its target and
 exchanged with it in one step (Linux renameat2 RENAME_EXCHANGE), so at every instant the target holds either the
 whole old or the whole new content. Where the exchange is not available, the old directory is renamed aside
-first; a leftover of that swap is detected and completed by the next write."""
+first; a leftover of that swap is detected and completed by the next write. Several directories replaced together
+(a preview's two folders) are put in place with SIGINT, SIGTERM and SIGHUP held, and put back if one fails, so they
+never hold two runs' output mixed; temporary files are removed on every error and signal (the CLI turns SIGTERM and
+SIGHUP into the same exception as Ctrl-C)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
 import os
 import re
 import shutil
+import signal
 import stat
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -350,7 +355,8 @@ def _write_with(path: Path, produce: Callable[[Path], object]) -> None:
             os.fsync(handle.fileno())
         mode = stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0o644
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        with held_signals():
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -392,32 +398,77 @@ def complete_swap(target: Path) -> None:
             old.rename(target)  # the new tree never arrived: the old one comes back
 
 
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP wait while the renames that put an output in place run: an interruption comes
+    before them (nothing changed) or after them (all changed), never between two of them."""
+    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def replace_dir(fill: Callable[[Path], None], target: Path) -> None:
     """Build a directory beside `target` with `fill`, then put it in place of `target` in one step."""
+    replace_dirs({target: fill})
+
+
+def replace_dirs(parts: dict[Path, Callable[[Path], None]]) -> None:
+    """Several directories replaced together (a preview's manifests and its Helm values): each is built beside its
+    target, then all are put in place with signals held; a failure between two puts the earlier ones back, so the
+    targets never hold two runs' output mixed. Temporary trees are removed however it ends, short of SIGKILL."""
     try:
-        _replace_dir(fill, target)
+        _replace_dirs(parts)
     except OSError as exc:
-        raise _Unwritable(target, exc) from None
+        raise _Unwritable(next(iter(parts)), exc) from None
 
 
-def _replace_dir(fill: Callable[[Path], None], target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    complete_swap(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+def _replace_dirs(parts: dict[Path, Callable[[Path], None]]) -> None:
+    built: list[tuple[Path, Path]] = []
     try:
-        fill(tmp)
-        os.chmod(tmp, 0o755)
-        if not target.exists():
-            tmp.rename(target)
-            return
-        if _exchange(tmp, target):
-            shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old tree
-            return
-        old = _aside(target)
-        target.rename(old)
-        tmp.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
+        for target, fill in parts.items():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            complete_swap(target)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+            built.append((target, tmp))
+            fill(tmp)
+            os.chmod(tmp, 0o755)
+        leftovers = _put_in_place(built)
+        for tree in leftovers:
+            shutil.rmtree(tree, ignore_errors=True)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        complete_swap(target)
+        for target, tmp in built:
+            shutil.rmtree(tmp, ignore_errors=True)
+            complete_swap(target)
         raise
+
+
+def _put_in_place(built: list[tuple[Path, Path]]) -> list[Path]:
+    """Every new tree in its target's place; the old trees, to remove. All or none."""
+    done: list[tuple[Path, Path, str]] = []
+    with held_signals():
+        try:
+            for target, tmp in built:
+                if not target.exists():
+                    tmp.rename(target)
+                    done.append((target, tmp, "new"))
+                elif _exchange(tmp, target):
+                    done.append((target, tmp, "exchanged"))  # tmp now holds the old tree
+                else:
+                    old = _aside(target)
+                    target.rename(old)
+                    tmp.rename(target)
+                    done.append((target, old, "aside"))
+        except BaseException:
+            for target, other, how in reversed(done):
+                if how == "new":
+                    target.rename(other)
+                elif how == "exchanged":
+                    _exchange(other, target)
+                else:
+                    shutil.rmtree(target, ignore_errors=True)
+                    other.rename(target)
+            raise
+    return [other for _, other, how in done if how != "new"]

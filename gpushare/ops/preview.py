@@ -7,13 +7,10 @@ resources against the CRDs in gpushare/data), and the objects written as YAML fo
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import re
 import runpy
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -475,15 +472,11 @@ def to_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=120, default_flow_style=False)
 
 
-def _move_into(source: Path, target: Path) -> None:
-    for child in source.iterdir():
-        child.rename(target / child.name)
-
-
 def write_manifests(plan: Plan, objects: list[KubernetesObject], out: Path) -> list[Path]:
-    """Replace DIR/manifests (every Kubernetes object) and DIR/helm-values (each release's values) as a whole;
-    anything else in DIR (such as `gpushare render` output) stays."""
-    from gpushare.core.files import complete_swap, replace_dir
+    """Replace DIR/manifests (every Kubernetes object) and DIR/helm-values (each release's values) together, in one
+    step as far as a reader can tell (gpushare.core.files.replace_dirs: an interruption or a full disk leaves the
+    previous preview whole); anything else in DIR (such as `gpushare render` output) stays."""
+    from gpushare.core.files import complete_swap, replace_dirs, write_file
     from gpushare.render.fleet import MARKER as RENDER_MARKER
 
     for part in ("manifests", "helm-values"):
@@ -495,33 +488,30 @@ def write_manifests(plan: Plan, objects: list[KubernetesObject], out: Path) -> l
         raise GpushareError(Problem(f"{out} exists and was not written by gpushare", fix="choose an empty or new "
                                     "directory"), exit_code=2)
     fresh = not out.exists() or not any(out.iterdir())
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".preview.", dir=out))
-    written = []
-    try:
+    written: list[Path] = []
+
+    def manifests(tmp: Path) -> None:
         for obj in objects:
-            target = tmp / "manifests" / obj.path
+            target = tmp / obj.path
             target.parent.mkdir(parents=True, exist_ok=True)
             kind = "server-side apply patch" if obj.resource.type.endswith("Patch") else obj.resource.type
             header = f"# {kind} {obj.resource.name}: offline preview of stack {plan.stack}\n"
             target.write_text(header + to_yaml(obj.body))
             written.append(out / "manifests" / obj.path)
+
+    def helm_values(tmp: Path) -> None:
         for r in plan.of_type("helm.sh/v3:Release"):
             rel = f"{plan.cluster_of(r)}/{r.inputs.get('name') or r.name}.yaml"
-            target = tmp / "helm-values" / rel
+            target = tmp / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(f"# values of Helm release {r.inputs.get('name')} (chart {r.inputs.get('chart')} "
                               f"{r.inputs.get('version')}): offline preview of stack {plan.stack}\n"
                               + to_yaml(r.inputs.get("values", {})))
             written.append(out / "helm-values" / rel)
-        for part in ("manifests", "helm-values"):
-            # Each part takes its old place in one step (gpushare.files); a part with nothing in it goes.
-            (tmp / part).mkdir(exist_ok=True)
-            replace_dir(functools.partial(_move_into, tmp / part), out / part)
-        (out / MARKER).write_text("manifests/ and helm-values/ are replaced by each `gpushare preview`\n")
-        if fresh:
-            # A directory gpushare created: `gpushare render` may replace it too.
-            (out / RENDER_MARKER).write_text("written by gpushare; the whole directory is replaced on each render\n")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    replace_dirs({out / "manifests": manifests, out / "helm-values": helm_values})
+    write_file(out / MARKER, "manifests/ and helm-values/ are replaced by each `gpushare preview`\n")
+    if fresh:
+        # A directory gpushare created: `gpushare render` may replace it too.
+        write_file(out / RENDER_MARKER, "written by gpushare; the whole directory is replaced on each render\n")
     return written
