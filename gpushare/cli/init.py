@@ -87,6 +87,9 @@ def write_workspace(target: Path) -> list[str]:
 
 
 def _refuse_used(target: Path) -> None:
+    from gpushare.core.files import check_name_length
+
+    check_name_length(target, "DIR")
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise GpushareError(Problem("the workspace directory names something that is not a directory",
                                     file=str(target), fix="name a new or empty directory"), exit_code=2)

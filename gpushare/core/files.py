@@ -287,8 +287,28 @@ def check_output_file(out: Path, inputs: Iterable[Path] = (), option: str = "--o
     _check_output(out, inputs, option, want_dir=False)
 
 
+# Room beside an output's name for the temporary names its atomic write uses (".NAME.XXXXXXXX", ".NAME.gpushare-old").
+_TEMP_NAME_ROOM = 16
+
+
+def check_name_length(path: Path, option: str) -> None:
+    """A name the file system takes, with room for the temporary name an atomic write gives it: too long a name
+    is a located error before any work, not a failure at the end (or an OSError from a mere exists())."""
+    try:
+        limit = os.pathconf(_existing_parent(path), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for part in path.absolute().parts:
+        if len(os.fsencode(part)) > limit - _TEMP_NAME_ROOM:
+            shown = part if len(part) <= 40 else f"{part[:20]}...({len(part)} characters)"
+            raise GpushareError(Problem(f"{option}: the name {shown!r} is longer than this file system takes beside "
+                                        f"the temporary name of an atomic write ({limit - _TEMP_NAME_ROOM} bytes)",
+                                        file=str(path)[:300], fix="choose a shorter name"), exit_code=2)
+
+
 def _check_output(out: Path, inputs: Iterable[Path], option: str, want_dir: bool) -> None:
     file = str(out)
+    check_name_length(out, option)
     if out.exists() or out.is_symlink():
         if want_dir and not out.is_dir():
             raise GpushareError(Problem(f"{option} names an existing file, not a directory", file=file,
