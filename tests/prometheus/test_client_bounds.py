@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -171,3 +172,35 @@ def test_an_answer_above_the_size_bound_is_split_and_a_small_one_reads(serve: Ca
         monkeypatch.setattr(p, "MAX_ANSWER_BYTES", 10)
         Prometheus(url).query_range("use", "up", 0, 60, 60)
     assert "larger than gpushare reads at once" in str(err.value)
+
+
+def _negative(h: BaseHTTPRequestHandler, params: dict[str, str]) -> None:
+    """Every query answered with one series at -2 (a vector, or a matrix for range queries)."""
+    metric = {"pool": "dev-metal-a100", "hostname": "dev-gpu-01", "node": "dev-gpu-01", "namespace": "research"}
+    if "step" in params:
+        steps = int((float(params["end"]) - float(params["start"])) // int(params["step"])) + 1
+        data = {"resultType": "matrix", "result": [{"metric": metric, "values": [
+            [float(params["start"]) + i * int(params["step"]), "-2"] for i in range(min(steps, 50))]}]}
+    elif "match[]" in params:
+        data = [metric]  # type: ignore[assignment]
+    else:
+        data = {"resultType": "vector", "result": [{"metric": metric, "value": [float(params["time"]), "-2"]}]}
+    _send(h, json.dumps({"status": "success", "data": data}).encode())
+
+
+@pytest.mark.parametrize("command", [["showback", "--env", "dev", "--window", "1d"],
+                                     ["capacity", "--env", "dev", "--window", "1d"]])
+def test_negative_samples_are_refused_not_reported_ok(serve: Callable[[Handler], str], command: list[str],
+                                                      tmp_path: Path) -> None:
+    """Whatever else the answers lack, a negative sample is named as such: GPU-hours and utilization cannot be
+    negative (a scenario with complete data once came out of showback and capacity with ok: true)."""
+    from typer.testing import CliRunner
+
+    from gpushare.cli import app
+
+    url = serve(_negative)
+    extra = ["--patch", str(tmp_path / "out.patch")] if command[0] == "capacity" else []
+    result = CliRunner().invoke(app, [*command, "--prometheus", url, "--end", "1764600000", "--json", *extra])
+    assert result.exit_code == 2, result.output
+    document = json.loads(result.stdout)
+    assert document["ok"] is False and "negative" in document["errors"][0], document
