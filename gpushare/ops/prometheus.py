@@ -40,6 +40,18 @@ SERVER_LIMITS = (
 )
 
 
+# The longest --window read: a year and a month (Prometheus keeps 15 days by default; long-term stores a year or so).
+# Past it the chunked reads alone would take hours, and the window holds nothing gpushare could use.
+MAX_WINDOW_SECONDS = 400 * 86400
+
+
+def check_window(window: str) -> None:
+    """A --window that already matched [1-9][0-9]*[smhdw], at most MAX_WINDOW_SECONDS."""
+    if len(window) > 12 or duration_seconds(window) > MAX_WINDOW_SECONDS:
+        raise GpushareError(Problem(f"--window {window[:40]!r} is longer than {MAX_WINDOW_SECONDS // 86400} days",
+                                    fix="use a window the server's retention holds, e.g. 30d"), exit_code=2)
+
+
 class ServerLimit(GpushareError):
     """A query Prometheus refused at one of its limits: the reader splits it and retries, or names the limit."""
 

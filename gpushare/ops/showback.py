@@ -23,7 +23,7 @@ from gpushare.core.guardrails import duration_seconds, load_guardrails
 from gpushare.core.prices import PriceTable, load_prices, prices_path
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve_env
 from gpushare.ops.diagnose import diagnose_join
-from gpushare.ops.prometheus import Prometheus
+from gpushare.ops.prometheus import Prometheus, check_window
 from gpushare.render.monitoring import rules as r
 
 SOURCES = ("auto", "recorded", "raw")
@@ -213,6 +213,7 @@ def _check_options(source: str, window: str, by: str) -> None:
     if not re.fullmatch(r"[1-9][0-9]*[smhdw]", window):
         raise GpushareError(Problem(f"--window {window!r} is not a Prometheus duration",
                                     fix="use e.g. 30d, 36h or 90m"), exit_code=2)
+    check_window(window)
     if by not in GROUPINGS:
         raise GpushareError(Problem(f"--by {by!r}", fix="use tenant, pool or model"), exit_code=2)
 

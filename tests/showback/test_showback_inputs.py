@@ -109,6 +109,7 @@ def test_split_reconciles_and_keeps_unknown_namespaces_as_their_own_tenant() -> 
     (["--by", "team"], "--by"),
     (["--source", "cache"], "--source"),
     (["--prometheus", "prometheus:9090"], "not an http(s) URL"),
+    (["--window", "99999999999d"], "longer than 400 days"),  # once hours of chunked reads
 ])
 def test_bad_options_are_clear_errors(args: list[str], said: str) -> None:
     base = {"--env": "dev", "--prometheus": "http://127.0.0.1:9"}

@@ -18,7 +18,7 @@ from gpushare.ops.capacity.proposal import propose
 from gpushare.ops.capacity.recommendations import Recommendation, recommend
 from gpushare.ops.diagnose import diagnose_join
 from gpushare.ops.patch import Proposal
-from gpushare.ops.prometheus import Prometheus
+from gpushare.ops.prometheus import Prometheus, check_window
 
 SOURCES = ("auto", "recorded", "raw")
 
@@ -62,6 +62,7 @@ def _check_options(source: str, window: str) -> None:
     if not re.fullmatch(r"[1-9][0-9]*[smhdw]", window):
         raise GpushareError(Problem(f"--window {window!r} is not a Prometheus duration",
                                     fix="use e.g. 7d, 36h or 90m"), exit_code=2)
+    check_window(window)
 
 
 def run_capacity(env: str, prometheus: str, window: str = "7d", end: float | None = None, source: str = "auto",
