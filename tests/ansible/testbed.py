@@ -374,8 +374,9 @@ class Testbed:
             list(pool.map(lambda h: h.prepare_root(base), self.hosts))
         for host in self.hosts:
             host.boot()
+        # All boot at once on the same cores: the first may take as long as all of them on a busy machine.
         for host in self.hosts:
-            host.wait_ready()
+            host.wait_ready(timeout=120 + 30 * len(self.hosts))
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
             list(pool.map(lambda h: h.install_site_software(), self.hosts))
 
