@@ -15,7 +15,8 @@ What a Deployment of the chart would have and a local process has not, and what 
 - The visibility API server (an aggregated API the chart registers as an APIService; gpushare reads nothing from
   it) is switched off with `--feature-gates=VisibilityOnDemand=false`: with cert management off it reads its
   certificate from /visibility and binds a fixed port.
-Only the listening addresses, the certificate directory and cert management differ from the rendered Configuration.
+- The leader election namespace, which a pod reads from its ServiceAccount's mounted files: Kueue's namespace.
+Only these, the listening addresses and the certificate directory differ from the rendered Configuration.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import copy
 import os
 import shutil
 import ssl
+import time
 import urllib.request
 from dataclasses import dataclass, field
 from functools import cache
@@ -145,6 +147,9 @@ class Kueue:
         config["webhook"] = {**config.get("webhook", {}), "port": ports["webhook"], "host": "127.0.0.1",
                              "certDir": str(work / "webhook-certs")}
         config["internalCertManagement"] = {"enable": False}
+        if config.get("leaderElection", {}).get("leaderElect"):
+            # In a pod the namespace comes from the ServiceAccount's mounted files.
+            config["leaderElection"] = {**config["leaderElection"], "resourceNamespace": NAMESPACE}
         kueue = cls(cluster, kube, build, config, work, ports=ports)
         kueue._install()
         try:
@@ -203,8 +208,18 @@ class Kueue:
         argv = [*_mount_namespace(), "sh", "-c", _MOUNTS, "kueue", str(self.work), str(self.build / "kueue"),
                 f"--config={self.work / 'kueue-config.yaml'}", f"--kubeconfig={self.work / 'kubeconfig'}",
                 "--feature-gates=VisibilityOnDemand=false"]
-        self.process = spawn("kueue", argv, self.work)
-        wait_until("Kueue's controller manager", self._ready, [self.process], timeout=120)
+        for attempt in range(3):
+            self.process = spawn("kueue", argv, self.work)
+            try:
+                wait_until("Kueue's controller manager", self._ready, [self.process], timeout=120)
+                break
+            except RuntimeError:
+                # The machine's inotify instances (per user, shared with every other program) may be used up for a
+                # moment; anything else is Kueue's own failure.
+                if attempt == 2 or "couldn't initialize inotify" not in self.process.tail(5):
+                    raise
+                self.process.stop()
+                time.sleep(10)
         for obj in install_manifest(self.build):
             if obj["kind"] in WEBHOOK_KINDS:
                 answer = self.kube.apply(localised(obj, self.base, self.ca_bundle), manager=MANAGER)

@@ -175,3 +175,20 @@ class Queues:
                 if total or borrowed:
                     out[(f["name"], r["name"])] = (total, borrowed)
         return out
+
+    def holds(self, queue: str, expected: dict[tuple[str, str], tuple[int, int]], timeout: float = 30) -> None:
+        """The ClusterQueue's status reaches `expected` (Kueue writes it shortly after admitting or releasing)."""
+        eventually(lambda: self.reservation(queue) == expected or None, timeout=timeout, every=0.2,
+                   what=f"{queue} holds {expected} (has {self.reservation(queue)})")
+
+    def settled(self, queue: str) -> dict[tuple[str, str], tuple[int, int]]:
+        """The ClusterQueue's reservation once two reads a second apart agree."""
+        last = self.reservation(queue)
+        for _ in range(30):
+            time.sleep(1)
+            now = self.reservation(queue)
+            if now == last:
+                return now
+            last = now
+        raise AssertionError(f"{queue}'s reservation kept changing: {last}")
+
