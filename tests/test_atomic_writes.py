@@ -144,6 +144,7 @@ def _limited(args: list[str], limit: int | None, cwd: Path) -> subprocess.Comple
                           env={**os.environ, "GPUSHARE_ROOT": str(ROOT)}, preexec_fn=preexec, timeout=300)
 
 
+@pytest.mark.slow  # two gpushare processes each
 @pytest.mark.parametrize("command", [["render", "--env", "dev", "--out"],
                                      ["pack", "--demand", "examples/demand/inference.yaml", "--env-out"]],
                          ids=["render --out", "pack --env-out"])

@@ -14,6 +14,7 @@ import pytest
 
 from tests.ansible.testbed import ROOT
 
+pytestmark = pytest.mark.slow  # an ansible-inventory process per case
 ANSIBLE_BIN = Path(sys.executable).parent
 CONFIGS = [ROOT / "ansible.cfg", ROOT / "gpushare" / "data" / "workspace" / "ansible.cfg"]
 
