@@ -54,6 +54,11 @@ def rollout_command(
                                                  "(default policies/waivers.yaml).")] = None,
     accept_drift: Annotated[bool, typer.Option("--accept-drift", help="Start although the hosts show drift the "
                                                "rollout cannot explain (see `gpushare drift`).")] = False,
+    awx_url: Annotated[str | None, typer.Option("--awx-url", help="Hand each batch to this AWX / automation "
+                                                "controller as a job launch instead of running Ansible here "
+                                                "(token in $CONTROLLER_OAUTH_TOKEN).")] = None,
+    awx_template: Annotated[list[str] | None, typer.Option("--awx-template", help="With --awx-url: PLAYBOOK=ID, the "
+                                                           "job template of rollout.yml and of verify.yml.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (no progress display).")] = False,
 ) -> None:
     """Roll an environment out: Pulumi adds configs, bare-metal hosts converge batch by batch behind health gates,
@@ -77,6 +82,7 @@ def rollout_command(
             raise GpushareError(Problem("file not found", file=str(kubeconfig), path="--kubeconfig",
                                         fix="give the kubeconfig of the environment's clusters"), exit_code=2)
         parse_batches(batches)
+        templates = _awx_templates(awx_url, awx_template or [])
         fleet = resolve_env(env)
         journal = Journal(journal_path or state_dir(fleet.environment) / "journal.jsonl")
         check_output_file(journal.path, [fleet.source], option="--journal")
@@ -104,7 +110,7 @@ def rollout_command(
         _say(as_json, "; ".join(plan.notes))
         return
 
-    result = _execute(plan, journal, kubeconfig, pulumi_confirmed, forks, gate_timeout, as_json)
+    result = _execute(plan, journal, kubeconfig, pulumi_confirmed, forks, gate_timeout, as_json, awx_url, templates)
     if as_json:
         print(json.dumps({"ok": result.status == "succeeded", **plan.as_dict(), **result.as_dict()}, indent=2))
     else:
@@ -189,8 +195,23 @@ def _print_plan(plan: RolloutPlan) -> None:
         console.print(f"note: {note}", markup=False)
 
 
+def _awx_templates(url: str | None, values: list[str]) -> dict[str, int]:
+    from gpushare.ops.rollout.awx import parse_templates
+
+    if url is None:
+        if values:
+            raise GpushareError(Problem("--awx-template without --awx-url", path="--awx-template",
+                                        fix="give --awx-url, or leave both out to run Ansible here"), exit_code=2)
+        return {}
+    if not url.startswith(("https://", "http://")):
+        raise GpushareError(Problem(f"--awx-url {url!r} is not an http(s) URL", path="--awx-url",
+                                    fix="give the controller's address, e.g. https://awx.example.com"), exit_code=2)
+    return parse_templates(values)
+
+
 def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulumi_confirmed: bool, forks: int,
-             gate_timeout: float, as_json: bool) -> Result:
+             gate_timeout: float, as_json: bool, awx_url: str | None = None,
+             awx_templates: dict[str, int] | None = None) -> Result:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -250,8 +271,15 @@ def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulum
         if task is not None:
             progress.update(task, description=f"  {host}: {task_name}")
 
-    ansible = adapters.AnsibleBackend(journal.path.parent / "logs", forks=forks, kubeconfig=kubeconfig,
-                                      on_task=on_task)
+    ansible: adapters.AnsibleRunner
+    if awx_url is not None:
+        from gpushare.ops.rollout.awx import AwxBackend
+
+        # The controller's job templates bring their own inventory, credentials and kubeconfig.
+        ansible = AwxBackend(awx_url, awx_templates or {}, journal.path.parent / "logs")
+    else:
+        ansible = adapters.AnsibleBackend(journal.path.parent / "logs", forks=forks, kubeconfig=kubeconfig,
+                                          on_task=on_task)
     pulumi = adapters.PulumiRunner(confirm, on_output=None if as_json else lambda line: err.print(line, markup=False,
                                                                                                  end=""))
     kube = adapters.Kube(kubeconfig) if kubeconfig is not None else None

@@ -4,7 +4,9 @@ recording test double, whose nodes advertise what their selected device-plugin c
 
 The tests run in file order on the same hosts: a first rollout converges revision A; revision B changes the A100
 pool's layout and the fourth host fails its DCGM gate, so the rollout stops after the second batch; `--resume`
-finishes it without rerunning finished hosts; `--rollback` puts revision A's layouts back on the hosts that changed.
+finishes it without rerunning finished hosts; `--rollback` puts revision A's layouts back on the hosts that changed;
+revision B again goes out through a stand-in of AWX's job API (tests/ansible/awx_standin.py), one job launch per
+batch and playbook.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 import yaml
 
 from gpushare.core.resolve import resolve
+from tests.ansible.awx_standin import AwxStandIn, JobTemplate
 from tests.ansible.controller import ENVIRONMENTS, Controller
 from tests.ansible.testbed import ROOT, Host, HostSpec, Testbed
 
@@ -91,12 +94,12 @@ class Rollouts:
     def use(self, a100_profile: str) -> None:
         write_env(self.bed, self.work, a100_profile)
 
-    def rollout(self, *args: str) -> tuple[int, dict[str, Any], str]:
+    def rollout(self, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
         cmd = [sys.executable, "-m", "gpushare", "rollout", "--env", str(self.env), "--journal", str(self.journal),
                "--kubeconfig", str(self.ctl.kubeconfig), "--pulumi-confirmed", "--gate-timeout", "10", "--json",
                *args]
-        done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **self.ctl.env()}, capture_output=True, text=True,
-                              timeout=3000)
+        done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **self.ctl.env(), **(env or {})},
+                              capture_output=True, text=True, timeout=3000)
         try:
             doc = json.loads(done.stdout)
         except ValueError:
@@ -207,3 +210,31 @@ def test_rollback_restores_the_previous_layouts_on_the_changed_hosts(bed: Testbe
         node = next(n for n in rollouts.revision_a.nodes if n.name == host.name)
         assert labels["nvidia.com/device-plugin.config"] == node.device_plugin_config
     assert any(e["event"] == "step" and e["status"] == "manual" for e in events)
+
+
+def test_rollout_through_awx_launches_one_job_per_batch_and_journals_its_result(
+        bed: Testbed, rollouts: Rollouts, tmp_path: Path) -> None:
+    rollouts.use("mig-small")
+    # As the controller's job templates would be set up: this checkout's playbooks, the environment file as the
+    # inventory source, the kubeconfig from a credential, Prompt on launch for the limit and the variables.
+    creds = {"gpushare_kubeconfig": str(rollouts.ctl.kubeconfig)}
+    templates = {21: JobTemplate("rollout.yml", rollouts.env, creds),
+                 22: JobTemplate("verify.yml", rollouts.env, creds)}
+    since = rollouts.lines()
+    (tmp_path / "awx").mkdir()
+    with AwxStandIn(templates, rollouts.ctl.env, tmp_path / "awx") as awx:
+        rc, doc, out = rollouts.rollout("--awx-url", awx.url, "--awx-template", "rollout.yml=21",
+                                        "--awx-template", "verify.yml=22", env={"CONTROLLER_OAUTH_TOKEN": awx.token})
+        launches = list(awx.launches)
+    assert rc == 0, out
+    batches = [b["hosts"] for b in doc["batches"] if b["hosts"]]
+    # Per batch: the converge job, then the verify gate, each with exactly the batch's hosts as its limit.
+    assert [(la["job_template"], la["limit"]) for la in launches] == [
+        (t, ",".join(hosts)) for hosts in batches for t in (21, 22)]
+    assert all(la["extra_vars"]["gpushare_rollout_run"].startswith(doc["rollout"]) for la in launches)
+    events = rollouts.events(since)
+    passed = [e for e in events if e["event"] == "host" and e["status"] == "passed"]
+    assert sorted(e["host"] for e in passed) == sorted(h for hosts in batches for h in hosts)
+    assert all(e["job"].startswith(awx.url + "/#/jobs/playbook/") for e in passed)
+    for name in A100:
+        assert layouts(bed.host(name)) == expected(rollouts.revision_b, name), name

@@ -27,6 +27,7 @@ class HostOutcome:
     gate: str = ""  # which gate failed
     message: str = ""
     changed: int = 0
+    job: str = ""  # where an external runner (AWX) kept the run, journalled with the host
 
 
 class AnsibleRunner(Protocol):
@@ -212,13 +213,19 @@ class PulumiRunner:
             return "waiting", "the Pulumi CLI is not installed"
         return self._up(step)
 
-    def _up(self, step: Step) -> tuple[str, str]:
+    def stack(self, name: str) -> Any:
+        """The workspace's stack (an Automation API Stack), its program run by the Pulumi CLI."""
         from pulumi import automation as auto
 
         # The workspace's Pulumi.yaml names no interpreter (or only its own .venv): without one, Pulumi runs the
         # program with this gpushare's Python, wherever it is installed on this machine.
-        stack = auto.select_stack(stack_name=step.detail["stack"], work_dir=str(project_root()),
-                                  opts=auto.LocalWorkspaceOptions(env_vars=pulumi_environment()))
+        return auto.select_stack(stack_name=name, work_dir=str(project_root()),
+                                 opts=auto.LocalWorkspaceOptions(env_vars=pulumi_environment()))
+
+    def _up(self, step: Step) -> tuple[str, str]:
+        from pulumi import automation as auto
+
+        stack = self.stack(step.detail["stack"])
         if step.step == "pulumi-add" and step.detail.get("keep"):
             for i, entry in enumerate(step.detail["keep"]):
                 stack.set_config(f"{KEEP_CONFIGS_KEY}[{i}].name", auto.ConfigValue(value=entry["name"]), path=True)

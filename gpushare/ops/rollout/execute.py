@@ -175,10 +175,10 @@ class _Execution:
             bad += self.device_plugin_gate(index, [h for h in healthy if h not in {b.host for b in bad}], self.kube)
         failed = {b.host for b in bad}
         for outcome in bad:
-            self.mark_failed(index, outcome, outcomes[outcome.host].changed)
+            self.mark_failed(index, outcome, outcomes[outcome.host].changed, outcomes[outcome.host].job)
         for host in todo:
             if host not in failed:
-                self.mark_passed(index, host, outcomes[host].changed)
+                self.mark_passed(index, host, outcomes[host].changed, outcomes[host].job)
         self.event("batch", batch=index, status="failed" if failed else "passed", hosts=todo)
         if not failed:
             return None
@@ -238,10 +238,11 @@ class _Execution:
             return published_mismatch(node, kube.resource_slices(context, node.name))
         return advertised_mismatch(node.advertised, kube.node(context, node.name))
 
-    def mark_failed(self, index: int, outcome: HostOutcome, changed: int) -> None:
+    def mark_failed(self, index: int, outcome: HostOutcome, changed: int, job: str = "") -> None:
         """Journal the failure; with kubectl, the node stays cordoned and labelled failed."""
         self.failures.append(outcome)
-        self.record_host(index, outcome.host, "failed", gate=outcome.gate, message=outcome.message, changed=changed)
+        self.record_host(index, outcome.host, "failed", gate=outcome.gate, message=outcome.message, changed=changed,
+                         **({"job": job} if job else {}))
         if self.kube is None:
             return
         ctx = _context(self.plan.fleet, outcome.host)
@@ -250,7 +251,7 @@ class _Execution:
         self.cordoned.add(outcome.host)
         self.event("node", host=outcome.host, cordoned=True, labels={ROLLOUT_STATE_LABEL: "failed"})
 
-    def mark_passed(self, index: int, host: str, changed: int) -> None:
+    def mark_passed(self, index: int, host: str, changed: int, job: str = "") -> None:
         """Label the node a success, and uncordon it if an earlier run of this rollout cordoned it."""
         if self.kube is not None:
             ctx = _context(self.plan.fleet, host)
@@ -259,4 +260,4 @@ class _Execution:
                 self.kube.uncordon(ctx, host)
                 self.cordoned.discard(host)
                 self.event("node", host=host, cordoned=False, labels={ROLLOUT_STATE_LABEL: "success"})
-        self.record_host(index, host, "passed", changed=changed)
+        self.record_host(index, host, "passed", changed=changed, **({"job": job} if job else {}))

@@ -1,0 +1,177 @@
+"""A local stand-in for AWX / automation controller's job API (no AWX runs here), for `gpushare rollout --awx-url`.
+
+It serves, on 127.0.0.1, the calls gpushare makes, shaped as AWX's REST API v2 answers them: a job template's launch
+(GET: what it prompts for; POST: `limit` and `extra_vars`, as AWX takes them), the job's status, its host summaries
+and its events. A launched job runs the job template's playbook from this checkout's collection with ansible-runner,
+as an AWX execution node does, against the template's inventory (an environment file through the inventory plugin),
+with the launch's limit and extra vars merged over the template's own variables. Every launch body is kept in
+`launches` for the tests to read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+from tests.ansible.testbed import ROOT
+
+
+@dataclass
+class JobTemplate:
+    playbook: str  # in the collection's playbooks/
+    inventory: Path
+    extra_vars: dict[str, Any] = field(default_factory=dict)  # the template's own (credentials would inject these)
+    ask_limit: bool = True
+    ask_variables: bool = True
+
+
+@dataclass
+class Job:
+    id: int
+    template: int
+    status: str = "pending"
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class AwxStandIn:
+    def __init__(self, templates: dict[int, JobTemplate], envvars: Callable[[], dict[str, str]], workdir: Path,
+                 token: str = "standin-token", forks: int = 10) -> None:
+        self.templates, self.envvars, self.workdir, self.token, self.forks = templates, envvars, workdir, token, forks
+        self.jobs: dict[int, Job] = {}
+        self.launches: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> AwxStandIn:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # -- a job, as an execution node runs it
+
+    def _run(self, job: Job, limit: str, extra_vars: dict[str, Any]) -> None:
+        template = self.templates[job.template]
+        private = self.workdir / f"job-{job.id}"
+        shutil.rmtree(private, ignore_errors=True)
+        private.mkdir(parents=True)
+        job.status = "running"
+        result = ansible_runner.run(
+            private_data_dir=str(private), project_dir=str(ROOT),
+            playbook=str(ROOT / "playbooks" / template.playbook), inventory=str(template.inventory),
+            envvars=self.envvars(), limit=limit, quiet=True, forks=self.forks,
+            extravars={**template.extra_vars, **extra_vars})
+        (self.workdir / f"job-{job.id}.log").write_text(result.stdout.read())
+        stats = result.stats or {}
+        hosts = sorted({h for kind in ("ok", "failures", "dark", "skipped", "changed") for h in stats.get(kind, {})})
+        job.summaries = [{"host_name": h, "ok": stats.get("ok", {}).get(h, 0),
+                          "changed": stats.get("changed", {}).get(h, 0),
+                          "failures": stats.get("failures", {}).get(h, 0), "dark": stats.get("dark", {}).get(h, 0),
+                          "skipped": stats.get("skipped", {}).get(h, 0),
+                          "rescued": stats.get("rescued", {}).get(h, 0),
+                          "ignored": stats.get("ignored", {}).get(h, 0),
+                          "failed": bool(stats.get("failures", {}).get(h) or stats.get("dark", {}).get(h))}
+                         for h in hosts]
+        # AWX stores ansible-runner's events; each carries the event name and its event_data as the runner gave it.
+        job.events = [{"id": i, "event": ev.get("event"), "event_data": ev.get("event_data", {}),
+                       "host_name": ev.get("event_data", {}).get("host", ""),
+                       "task": ev.get("event_data", {}).get("task", "")}
+                      for i, ev in enumerate(result.events) if ev.get("event", "").startswith("runner_on_")]
+        shutil.rmtree(private, ignore_errors=True)
+        job.status = "successful" if result.rc == 0 else "failed"
+
+    # -- the REST API
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        standin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def _send(self, code: int, doc: dict[str, Any]) -> None:
+                body = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _authorised(self) -> bool:
+                if self.headers.get("Authorization") == f"Bearer {standin.token}":
+                    return True
+                self._send(401, {"detail": "Authentication credentials were not provided."})
+                return False
+
+            def _parts(self) -> tuple[list[str], dict[str, list[str]]]:
+                url = urllib.parse.urlsplit(self.path)
+                return [p for p in url.path.split("/") if p], urllib.parse.parse_qs(url.query)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if not self._authorised():
+                    return
+                parts, query = self._parts()
+                if parts[:3] == ["api", "v2", "job_templates"] and parts[4:] == ["launch"]:
+                    template = standin.templates.get(int(parts[3]))
+                    if template is None:
+                        return self._send(404, {"detail": "Not found."})
+                    return self._send(200, {"ask_limit_on_launch": template.ask_limit,
+                                            "ask_variables_on_launch": template.ask_variables,
+                                            "can_start_without_user_input": True})
+                if parts[:3] == ["api", "v2", "jobs"] and len(parts) >= 4:
+                    job = standin.jobs.get(int(parts[3]))
+                    if job is None:
+                        return self._send(404, {"detail": "Not found."})
+                    if parts[4:] == []:
+                        return self._send(200, {"id": job.id, "status": job.status,
+                                                "failed": job.status in ("failed", "error")})
+                    if parts[4:] == ["job_host_summaries"]:
+                        return self._send(200, {"count": len(job.summaries), "next": None,
+                                                "results": job.summaries})
+                    if parts[4:] == ["job_events"]:
+                        wanted = set(",".join(query.get("event__in", [])).split(",")) - {""}
+                        found = [e for e in job.events if not wanted or e["event"] in wanted]
+                        return self._send(200, {"count": len(found), "next": None, "results": found})
+                self._send(404, {"detail": "Not found."})
+
+            def do_POST(self) -> None:  # noqa: N802
+                if not self._authorised():
+                    return
+                parts, _ = self._parts()
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if parts[:3] == ["api", "v2", "job_templates"] and parts[4:] == ["launch"]:
+                    number = int(parts[3])
+                    template = standin.templates.get(number)
+                    if template is None:
+                        return self._send(404, {"detail": "Not found."})
+                    ignored = {k: body[k] for k, asked in (("limit", template.ask_limit),
+                                                           ("extra_vars", template.ask_variables))
+                               if k in body and not asked}
+                    with standin.lock:
+                        job = Job(id=len(standin.jobs) + 1, template=number)
+                        standin.jobs[job.id] = job
+                        standin.launches.append({"job_template": number, **body})
+                    limit = "" if "limit" in ignored else body.get("limit", "")
+                    extra = {} if "extra_vars" in ignored else body.get("extra_vars") or {}
+                    threading.Thread(target=standin._run, args=(job, limit, extra), daemon=True).start()
+                    return self._send(201, {"job": job.id, "id": job.id, "status": "pending",
+                                            "ignored_fields": ignored})
+                if parts[:3] == ["api", "v2", "jobs"] and parts[4:] == ["cancel"]:
+                    return self._send(202, {})
+                self._send(404, {"detail": "Not found."})
+
+        return Handler
