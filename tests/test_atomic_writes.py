@@ -119,16 +119,26 @@ def test_sigterm_while_writing_removes_the_temporary_files(tmp_path: Path, sigte
 
 def test_sigterm_during_the_swap_waits_until_it_is_whole(two_parts: tuple[Path, Path], sigterm_as_interrupt: None,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also with another thread running (as the preview's Pulumi threads do), which the kernel may hand the signal
+    to: a thread's signal mask would not hold it."""
+    import threading
+
     one, two = two_parts
     real = files._exchange
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
 
     def exchange(a: Path, b: Path) -> bool:
         os.kill(os.getpid(), signal.SIGTERM)  # held until both parts are in place
         return real(a, b)
 
     monkeypatch.setattr(files, "_exchange", exchange)
-    with pytest.raises(KeyboardInterrupt):
-        files.replace_dirs({one: _fill("new"), two: _fill("new")})
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            files.replace_dirs({one: _fill("new"), two: _fill("new")})
+    finally:
+        stop.set()
     assert set(_tree(one).values()) == set(_tree(two).values()) == {"new"}
     assert sorted(p.name for p in one.parent.iterdir()) == ["helm-values", "manifests"]
 

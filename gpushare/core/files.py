@@ -28,6 +28,7 @@ import shutil
 import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -418,16 +419,31 @@ def complete_swap(target: Path) -> None:
             old.rename(target)  # the new tree never arrived: the old one comes back
 
 
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def held_signals() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP wait while the renames that put an output in place run: an interruption comes
-    before them (nothing changed) or after them (all changed), never between two of them."""
-    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    before them (nothing changed) or after them (all changed), never between two of them. Held by Python-level
+    handlers, not the thread's signal mask: any thread of the process may receive a signal (the preview's Pulumi
+    threads), but Python runs its handlers in the main thread, the one that writes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[signal.Signals] = []
+    before = {sig: signal.signal(sig, lambda signum, frame: caught.append(signal.Signals(signum))) for sig in _HELD}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in before.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        if caught:  # what the signal would have done, now that the output is whole
+            handler = before[caught[0]]
+            if callable(handler):
+                handler(caught[0], None)
+            elif handler in (signal.SIG_DFL, None):
+                signal.raise_signal(caught[0])
 
 
 def replace_dir(fill: Callable[[Path], None], target: Path) -> None:
