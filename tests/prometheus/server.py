@@ -11,6 +11,9 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 
 def free_port() -> int:
@@ -22,14 +25,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def prometheus_server(data_dir: Path, work: Path, rule_files: tuple[Path, ...] = (), retention: str = "60d",
-                      max_samples: int = 200_000_000) -> Iterator[str]:
-    """`max_samples` 50,000,000 is the server's own default (--query.max-samples)."""
+                      max_samples: int = 200_000_000, scrape_configs: list[dict[str, Any]] | None = None,
+                      evaluation_interval: str = "1m") -> Iterator[str]:
+    """`max_samples` 50,000,000 is the server's own default (--query.max-samples). With `scrape_configs` it also
+    scrapes live targets (Prometheus' own scrape_config entries)."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("prometheus is not installed: run `make promtool` (Debian's prometheus package)")
     config = work / "prometheus.yml"
-    rules = "".join(f"\n  - {p}" for p in rule_files)
-    config.write_text(f"global:\n  evaluation_interval: 1m\nrule_files:{rules or ' []'}\nscrape_configs: []\n")
+    config.write_text(yaml.safe_dump({"global": {"evaluation_interval": evaluation_interval},
+                                      "rule_files": [str(p) for p in rule_files],
+                                      "scrape_configs": scrape_configs or []}))
     port = free_port()
     log = (work / "prometheus.log").open("w")
     process = subprocess.Popen(
