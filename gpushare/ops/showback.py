@@ -242,6 +242,11 @@ def run_showback(env: str, prometheus: str, window: str = "30d", end: float | No
                                                                      step, at)}
     if not any(physical.get(p.name, 0.0) > 0 for p in fleet.pools):
         # No GPU of any pool reported in the window: 0.0 GPU-hours would read as an idle fleet, not missing data.
+        if source == "recorded":  # the raw series may be there: what is missing is the recording rules' history
+            raise GpushareError(Problem(
+                f"no gpushare:pool_physical_gpus:count series for any pool of {fleet.environment} in the {window} "
+                "before the end of the window: gpushare's recording rules have not run over it",
+                fix="use --source raw (or auto), or backfill the rules' history (gpushare capacity --backfill-rules)"))
         raise GpushareError(diagnose_join(prom, fleet, window, at))
     allocated = _hours(prom, "allocation", x["allocated"], window, step, at)
     used = {(labels.get("namespace", ""), labels.get("pool", "")): v

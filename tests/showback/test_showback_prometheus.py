@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpushare.cli import app
+from gpushare.core.errors import GpushareError
 from gpushare.ops.showback import ShowbackReport, run_showback
 from tests.prometheus.server import prometheus_server
 from tests.showback.scenarios import SCENARIOS, SLOT, backfill_all
@@ -201,5 +202,7 @@ def test_auto_reads_raw_series_where_no_recording_rules_ran(server: tuple[str, d
     env = str(SCENARIOS["mixed"][1])
     auto = run_showback(env, url, "6h", float(ends["mixed"]))
     assert auto.source == "raw" and auto.coverage > 0.99
-    recorded = run_showback(env, url, "6h", float(ends["mixed"]), source="recorded")  # valid PromQL, no history
-    assert recorded.physical_gpu_hours == 0 and recorded.rows == [] and recorded.coverage == 0
+    # valid PromQL, no history: refused, not 0.0 GPU-hours, and the message says what is missing
+    with pytest.raises(GpushareError, match="recording rules have not run") as err:
+        run_showback(env, url, "6h", float(ends["mixed"]), source="recorded")
+    assert "--source raw" in str(err.value)
