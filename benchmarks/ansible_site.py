@@ -5,7 +5,7 @@ to the first run (target <= 0.5), and the controller CPU each added host costs, 
 (target <= 1.5 s): differences within one run, so the machine's other work cancels out as far as it can. Needs root,
 like the Ansible tests; nothing here is a pass/fail test.
 
-    python benchmarks/ansible_site.py [--sizes 1,4,8] [--forks 10] [--profile]
+    python benchmarks/ansible_site.py [--sizes 1,4,8] [--forks 10] [--profile] [--mitogen]
 
 Each run is a plain `ansible-playbook -i ENV playbooks/site.yml` process started the way a user starts it (the
 project's ansible.cfg, fresh ssh connections); its log is kept under build/ansible/logs/<pid>/. With --profile a
@@ -122,6 +122,7 @@ def user_env(ctl: Controller, control_dir: Path, times: Path | None) -> dict[str
     return {
         **os.environ,
         **profile,
+        **MITOGEN,
         "PATH": test_env["PATH"],
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
         "ANSIBLE_PRIVATE_KEY_FILE": test_env["ANSIBLE_PRIVATE_KEY_FILE"],
@@ -139,6 +140,28 @@ def busy_cpu_s() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
+# --mitogen: the same site.yml with Mitogen's strategy (pip install mitogen; not a gpushare dependency). The plays
+# name their strategy, so the benchmark runs a copy of the playbook with `strategy: free` swapped for mitogen_free.
+MITOGEN: dict[str, str] = {}
+
+
+def mitogen_playbook(directory: Path) -> Path:
+    import ansible_mitogen
+
+    MITOGEN["ANSIBLE_STRATEGY_PLUGINS"] = str(Path(ansible_mitogen.__file__).parent / "plugins" / "strategy")
+    # Mitogen runs ssh itself and checks host keys by Ansible's setting, not by the ssh_args (the test hosts' keys
+    # are generated per run, as the plain runs' ssh_args say).
+    MITOGEN["ANSIBLE_HOST_KEY_CHECKING"] = "False"
+    text = (ROOT / "playbooks" / "site.yml").read_text()
+    assert "  strategy: free\n" in text
+    path = directory / "site-mitogen.yml"
+    path.write_text(text.replace("  strategy: free\n", "  strategy: mitogen_free\n"))
+    return path
+
+
+PLAYBOOK: list[str] = ["playbooks/site.yml"]
+
+
 def site(ctl: Controller, env: Path, forks: int, label: str, profile: bool) -> Run:
     """One plain `ansible-playbook -i ENV playbooks/site.yml` run, as a user starts it: its wall time, CPU time and
     PLAY RECAP per host."""
@@ -147,7 +170,7 @@ def site(ctl: Controller, env: Path, forks: int, label: str, profile: bool) -> R
     times = ctl.logs / f"{label}.times.jsonl" if profile else None
     main_out, main_prof = ctl.logs / f"{label}.main.json", ctl.logs / f"{label}.main.prof"
     cmd = [sys.executable, "-c", MAIN_PROCESS, str(main_out), str(main_prof) if profile else "",
-           str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(env), "playbooks/site.yml",
+           str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(env), PLAYBOOK[0],
            "-f", str(forks), "-e", f"gpushare_kubeconfig={ctl.kubeconfig}"]
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -224,7 +247,10 @@ def main() -> None:
     parser.add_argument("--forks", type=int, default=10)
     parser.add_argument("--profile", action="store_true", help="time every task (a callback) and print the slowest, "
                         "and the main process's functions (cProfile)")
+    parser.add_argument("--mitogen", action="store_true", help="run site.yml with Mitogen's mitogen_free strategy")
     args = parser.parse_args()
+    if args.mitogen:
+        PLAYBOOK[0] = str(mitogen_playbook(Path(tempfile.mkdtemp(prefix="gpushare-mitogen-"))))
     if os.geteuid() != 0:
         raise SystemExit("needs root (systemd-nspawn, network namespaces), like the Ansible tests")
     sizes = [int(s) for s in args.sizes.split(",")]
