@@ -58,6 +58,8 @@ testbins:
 	tools/gobuild.sh kubernetes
 	tools/gobuild.sh kwok
 	tools/gobuild.sh kueue
+	tools/gobuild.sh pulumi
+	tools/gobuild.sh pulumi-kubernetes
 
 # NVIDIA's mig-parted and device plugin for the parser tests (tests/nvidia), built the same way from their Go modules
 # at the versions in tools/versions.env (cgo: needs gcc). `make test-unit` builds them only where Go is installed;

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Build one test program from its Go module into the cache, once per version:
-#   tools/gobuild.sh kubernetes|etcd|kwok|mig-parted|k8s-device-plugin|kueue|kustomize
+#   tools/gobuild.sh kubernetes|etcd|kwok|mig-parted|k8s-device-plugin|kueue|kustomize|pulumi|pulumi-kubernetes
 # The binaries land in $GPUSHARE_BIN_CACHE/<name>-<version>/ (default ~/.cache/gpushare/bin); a stamp file marks a
 # finished build, so a second call returns at once. Nothing is downloaded but Go modules from the module proxy.
 set -eu
@@ -16,7 +16,10 @@ case $name in
   k8s-device-plugin) version=$DEVICE_PLUGIN_VERSION module=github.com/NVIDIA/k8s-device-plugin cmd=nvidia-device-plugin ;;
   kueue) version=$KUEUE_VERSION module=sigs.k8s.io/kueue ;;
   kustomize) version=$KUSTOMIZE_VERSION module=sigs.k8s.io/kustomize/kustomize/v5 ;;
-  *) echo "gobuild.sh: unknown program '$name' (kubernetes, etcd, kwok, mig-parted, k8s-device-plugin, kueue, kustomize)" >&2; exit 2 ;;
+  pulumi) version=$PULUMI_VERSION module=github.com/pulumi/pulumi/pkg/v3 cmd=pulumi ;;
+  pulumi-kubernetes) version=$PULUMI_KUBERNETES_VERSION module=github.com/pulumi/pulumi-kubernetes/provider/v4
+    cmd=pulumi-resource-kubernetes ;;
+  *) echo "gobuild.sh: unknown program '$name' (kubernetes, etcd, kwok, mig-parted, k8s-device-plugin, kueue, kustomize, pulumi, pulumi-kubernetes)" >&2; exit 2 ;;
 esac
 out=$cache/$name-$version
 # A Kubernetes build from before its version was stamped reports v0.0.0-master, which clients such as Kueue refuse.
@@ -117,6 +120,32 @@ package tools
 import _ "$module"
 GO
     ;;
+  pulumi)
+    # A wrapper module requiring the release: its replace directives do not apply to a requiring module, so the
+    # ones that name another module (not a path of its own repository) are copied here, as a main module needs them.
+    go mod init "gpushare.local/$name" >/dev/null 2>&1
+    go mod edit -require="$module@v$version"
+    gomod=$(go mod download -json "$module@v$version" | jq -r .GoMod)
+    go mod edit -json "$gomod" | jq -r '.Replace[]? | select(.New.Version != null)
+      | "-replace=\(.Old.Path)\(if .Old.Version then "@"+.Old.Version else "" end)=\(.New.Path)@\(.New.Version)"' \
+      | xargs -r go mod edit
+    # Not the usual "tools" tag: hcl/v2's own tools.go carries it and imports a program.
+    cat > tools.go <<GO
+//go:build gpushare_tools
+
+package tools
+
+import _ "$module/cmd/$cmd"
+GO
+    ;;
+  pulumi-kubernetes)
+    # Built as its own main module (its go.mod and go.sum pick every version, and go generate needs a writable
+    # tree): the one replace pointing into its repository (../sdk, the Go SDK its yaml/v2 and helm/v4 components
+    # use) takes the sdk/v4 release the provider's go.mod requires, from the proxy, instead.
+    src=$(go mod download -json "$module@$PULUMI_KUBERNETES_MODULE_VERSION" | jq -r .Dir)
+    cp -R "$src/." . && chmod -R u+w .
+    go mod edit -dropreplace=github.com/pulumi/pulumi-kubernetes/sdk/v4
+    ;;
 esac
 [ -f "$here/gosum/$name-$version.sum" ] && cp "$here/gosum/$name-$version.sum" go.sum
 echo "building $name $version into $out (first time on this machine: minutes)" >&2
@@ -156,6 +185,17 @@ case $name in
   kustomize)
     go mod tidy >/dev/null
     go build -tags tools -ldflags "$ldflags" -o "$out/kustomize" "$module" ;;
+  pulumi)
+    # As Pulumi's Makefile builds the CLI: the version in sdk/v3's version package (plugins and `pulumi version`).
+    go mod tidy >/dev/null
+    go build -ldflags "$ldflags -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=v$version" \
+      -o "$out/pulumi" "$module/cmd/$cmd" ;;
+  pulumi-kubernetes)
+    # As the provider's Makefile builds it: go generate writes the schema (with this version) and the Terraform
+    # mapping the binary embeds, then the version goes into pkg/version.
+    go mod tidy >/dev/null
+    (cd "cmd/$cmd" && VERSION=$version go generate ./main.go)
+    go build -ldflags "$ldflags -X $module/pkg/version.Version=$version" -o "$out/$cmd" "./cmd/$cmd" ;;
 esac
 mkdir -p "$here/gosum"; [ -f "$here/gosum/$name-$version.sum" ] || cp go.sum "$here/gosum/$name-$version.sum"
 echo "built $name $version in $(( $(date +%s) - start )) s" >&2

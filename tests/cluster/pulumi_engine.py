@@ -57,6 +57,28 @@ def local_charts(folder: Path) -> dict[str, str] | None:
     return out
 
 
+def tools_or_skip() -> dict[str, Path]:
+    import pytest
+
+    found, why = find()
+    if found is None:
+        # As the control plane's binaries (conftest.py): where Go is, `make testbins` must have built them.
+        if shutil.which("go") is None:
+            pytest.skip(f"no Go toolchain on this machine: {why}")
+        pytest.fail(why)
+    return found
+
+
+def charts_or_skip(folder: Path) -> dict[str, str]:
+    import pytest
+
+    found = local_charts(folder)
+    if found is None:
+        pytest.skip(f"the charts are not on this machine ({SHARED_CHARTS}): a real `pulumi up` installs them from "
+                    "disk, as these machines reach no chart registry")
+    return found
+
+
 @dataclass
 class Answer:
     op: str
@@ -115,7 +137,26 @@ class Workspace:
         self.home = folder / ".pulumi-home"
         self.state.mkdir(exist_ok=True)
         self.home.mkdir(exist_ok=True)
-        self.kubeconfig = os.pathsep.join(str(p) for p in kubeconfigs)
+        self.kubeconfigs = kubeconfigs
+        self.kubeconfig = str(self._merged(kubeconfigs))
+
+    def _merged(self, files: list[Path]) -> Path:
+        """One kubeconfig holding every test API server's context. Each server's file names its user `admin`: kept
+        apart here, as a KUBECONFIG list would take the first file's `admin` for every server."""
+        merged: dict[str, Any] = {"apiVersion": "v1", "kind": "Config", "clusters": [], "users": [], "contexts": []}
+        for path in files:
+            config = yaml.safe_load(path.read_text())
+            for context in config["contexts"]:
+                user = f"{context['name']}-{context['context']['user']}"
+                merged["users"] += [{**u, "name": user} for u in config["users"]
+                                    if u["name"] == context["context"]["user"]]
+                merged["contexts"].append({"name": context["name"],
+                                           "context": {**context["context"], "user": user}})
+            merged["clusters"] += config["clusters"]
+        merged["current-context"] = merged["contexts"][0]["name"]
+        out = self.folder / "kubeconfig"
+        out.write_text(yaml.safe_dump(merged))
+        return out
 
     def _without(self, environment: str, drop: tuple[str, ...]) -> str:
         """The environment with the named clusters, their pools and tenants' references to them left out."""
@@ -126,9 +167,9 @@ class Workspace:
         for tenant in env.get("tenants", []):
             if "clusters" in tenant:
                 tenant["clusters"] = [c for c in tenant["clusters"] if c not in drop]
-        out = path.with_name(f"{path.stem}-without-{'-'.join(drop)}.yaml")
-        out.write_text(yaml.safe_dump(env, sort_keys=False))
-        return str(out.relative_to(self.folder))
+        # In place: an environment is named as its file.
+        path.write_text(yaml.safe_dump(env, sort_keys=False))
+        return environment
 
     def env(self) -> dict[str, str]:
         path = os.pathsep.join([str(self.tools["pulumi"].parent), str(self.tools["pulumi-kubernetes"].parent),
