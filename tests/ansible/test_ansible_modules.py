@@ -154,11 +154,11 @@ def ansible_module(name: str, args: str) -> subprocess.CompletedProcess:
 
 
 def test_gpu_facts_without_nvml_reports_no_gpus_and_fails_only_when_gpus_are_expected() -> None:
-    quiet = ansible_module("gpu_facts", "expected_gpus=0")
+    quiet = ansible_module("gpushare.fleet.gpu_facts", "expected_gpus=0")
     assert quiet.returncode == 0, quiet.stdout + quiet.stderr
     assert '"nvml": false' in quiet.stdout and '"gpus": []' in quiet.stdout
     assert "NVML" in quiet.stdout  # the reason
-    expected = ansible_module("gpu_facts", "expected_gpus=8")
+    expected = ansible_module("gpushare.fleet.gpu_facts", "expected_gpus=8")
     assert expected.returncode != 0
     assert "the environment says this host has 8 GPUs, but NVML reports none" in expected.stdout
 
