@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -30,14 +31,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture(scope="session")
-def cluster_bins() -> binaries.Binaries:
-    found, why = binaries.find()
+T = TypeVar("T")
+
+
+def built_or_fail(found: T | None, why: str) -> T:
+    """What `make testbins` built; missing, a failure where Go is (the build step failed), a skip only without Go."""
     if found is None:
         if shutil.which("go") is None:
             pytest.skip(f"no Go toolchain on this machine: {why}")
         pytest.fail(why)
     return found
+
+
+@pytest.fixture(scope="session")
+def cluster_bins() -> binaries.Binaries:
+    return built_or_fail(*binaries.find())
 
 
 @pytest.fixture(scope="session")
@@ -99,12 +107,7 @@ def applied(clusters: ClusterFactory, cluster_folder: Path) -> Callable[[str, st
 @pytest.fixture(scope="session")
 def kueue_build() -> Path:
     """Kueue's build folder (tools/gobuild.sh kueue, which `make testbins` runs)."""
-    found, why = find_kueue()
-    if found is None:
-        if shutil.which("go") is None:
-            pytest.skip(f"no Go toolchain on this machine: {why}")
-        pytest.fail(why)
-    return found
+    return built_or_fail(*find_kueue())
 
 
 @pytest.fixture(scope="session")

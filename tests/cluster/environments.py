@@ -79,11 +79,13 @@ def ordered(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(objects, key=lambda o: FIRST.get(o["kind"], 2))
 
 
-def apply_crds(kube: Kube) -> None:
-    for crd in crds():
+def apply_crds(kube: Kube, only: list[dict[str, Any]] | None = None) -> None:
+    """gpushare's CRDs (or `only` those given) applied, and served before this returns."""
+    chosen = crds() if only is None else only
+    for crd in chosen:
         answer = kube.apply(crd)
         assert answer.allowed, f"{ident(crd)}: {answer.message}"
-    for crd in crds():
+    for crd in chosen:
         name = crd["metadata"]["name"]
         eventually(lambda name=name: any(
             c["type"] == "Established" and c["status"] == "True" for c in
@@ -160,6 +162,14 @@ def gated(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
+def bind_cluster_admin(kube: Kube, name: str, subject: dict[str, str]) -> None:
+    """A ClusterRoleBinding of cluster-admin to one subject: a stand-in for that identity's real role."""
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [subject]})
+
+
 class KueueStandIn:
     """What Kueue's controller does to a gated pod when it admits its workload onto a ResourceFlavor, done under
     Kueue's own ServiceAccount (kueue-system/kueue-controller-manager, the identity gpushare's policies let lift the
@@ -170,12 +180,8 @@ class KueueStandIn:
         kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}, dry_run=False)
         kube.apply({"apiVersion": "v1", "kind": "ServiceAccount",
                     "metadata": {"name": "kueue-controller-manager", "namespace": "kueue-system"}})
-        kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                    "metadata": {"name": "kueue-stand-in"},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                "name": "cluster-admin"},
-                    "subjects": [{"kind": "ServiceAccount", "name": "kueue-controller-manager",
-                                  "namespace": "kueue-system"}]})
+        bind_cluster_admin(kube, "kueue-stand-in", {"kind": "ServiceAccount", "name": "kueue-controller-manager",
+                                                    "namespace": "kueue-system"})
         self.kube = kube.as_service_account("kueue-system", "kueue-controller-manager")
 
     def admit(self, pod: dict[str, Any], flavor: dict[str, Any] | None = None) -> None:

@@ -22,7 +22,7 @@ import jsonpatch
 import pytest
 
 from gpushare.core.namespaces import TRUST_LABEL
-from tests.cluster.environments import KueueStandIn, apply_crds, ident, tenant_client
+from tests.cluster.environments import KueueStandIn, apply_crds, bind_cluster_admin, ident, tenant_client
 from tests.cluster.kube import Answer, Kube, eventually
 from tests.cluster.nodes import kwok_node
 from tests.security.cel_admission import Request, admit
@@ -54,12 +54,9 @@ class Tenants:
         objects = [o for o in (*policy_objects(), *tenancy_objects()) if o["kind"] != "ResourceQuota"]
         # The model also sends Job pods as the controller manager itself, as one without
         # --use-service-account-credentials creates them: give that user the rights it has there.
-        kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                    "metadata": {"name": "controller-manager-without-service-account-credentials"},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                "name": "cluster-admin"},
-                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                                  "name": "system:kube-controller-manager"}]})
+        bind_cluster_admin(kube, "controller-manager-without-service-account-credentials",
+                           {"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                            "name": "system:kube-controller-manager"})
         for name in RUNTIME_CLASSES:
             kube.apply({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name},
                         "handler": name.replace("-", "")})

@@ -23,8 +23,8 @@ import yaml
 from gpushare.core.paths import package_data_path
 from tests.cluster import pulumi_engine as engine
 from tests.cluster.conftest import ClusterFactory
-from tests.cluster.environments import ENVIRONMENTS, ident, preview
-from tests.cluster.kube import Kube, eventually
+from tests.cluster.environments import ENVIRONMENTS, apply_crds, ident, preview
+from tests.cluster.kube import Kube
 from tests.cluster.nodes import kwok_node, plan_json, planned_nodes
 
 # What the test API servers stand in for: clusters that already run Kueue and kube-prometheus-stack.
@@ -47,18 +47,9 @@ def charts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def existing_crds(kube: Kube) -> None:
     """Kueue's and prometheus-operator's CRDs (copies in gpushare/data), as the clusters' own installs left them."""
-    crds = [d for p in sorted(package_data_path().glob("crd-*.yaml"))
-            if "kueue" in p.name or "monitoring.coreos.com" in p.name
-            for d in yaml.safe_load_all(p.read_text()) if d]
-    for crd in crds:
-        assert kube.apply(crd).allowed
-    for crd in crds:
-        name = crd["metadata"]["name"]
-        eventually(lambda name=name: any(
-            c["type"] == "Established" and c["status"] == "True" for c in
-            (kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name) or {})
-            .get("status", {}).get("conditions", [])), what=f"CRD {name} established")
-    kube.dynamic.resources.invalidate_cache()
+    apply_crds(kube, [d for p in sorted(package_data_path().glob("crd-*.yaml"))
+                      if "kueue" in p.name or "monitoring.coreos.com" in p.name
+                      for d in yaml.safe_load_all(p.read_text()) if d])
 
 
 @dataclass
