@@ -16,6 +16,7 @@ from pulumi_policy import (
     PolicyResource,
     PolicyResourceOptions,
 )
+from pulumi_policy.proxy import UNKNOWN_OBJECT_VALUE, UNKNOWN_STRING_VALUE, unknown_checking_proxy
 
 from gpushare.core.guardrails import load_guardrails
 from gpushare.core.resolve import resolve
@@ -147,3 +148,27 @@ def test_refused_waiver_fails_the_pack(dev_data: dict[str, Any], write_env: Any)
     found = run_pack(stack_resources("dev"), config={"environment": str(write_env(dev_data))},
                      waivers=waivers, today=TODAY)
     assert list(found) == ["waiver-refused"] and "waivers[0]" in found["waiver-refused"][0]
+
+
+def test_the_pack_judges_a_first_preview_with_unknown_outputs(dev_data: dict[str, Any], write_env: Any) -> None:
+    """As the engine hands them over on a stack's first preview: every property behind pulumi_policy's proxy, which
+    raises on reading an unknown value, and outputs such as a Helm release's `status` unknown. Reading one would end
+    every stack policy as "can't run during preview" (the real engine showed it); the rules must still judge."""
+    dev_data["defaults"]["toolkit_version"] = "1.17.3"  # below the CVE floor
+    env_file = write_env(dev_data)
+    resources = []
+    for r in stack_resources("dev"):
+        props = dict(r.props)
+        if r.resource_type.startswith("kubernetes:helm.sh/"):
+            props["status"] = UNKNOWN_OBJECT_VALUE
+            props["resourceNames"] = {"ConfigMap/v1": [UNKNOWN_STRING_VALUE]}
+        if r.resource_type == "kubernetes:core/v1:NodePatch":
+            props["metadata"] = {**props.get("metadata", {}), "uid": UNKNOWN_STRING_VALUE}
+        resources.append(PolicyResource(r.resource_type, unknown_checking_proxy(props), r.urn, r.name, r.opts,
+                                        r.provider, None, [], {}))
+    assert any(r.resource_type.startswith("kubernetes:helm.sh/") for r in resources)
+    found = run_pack(resources, config={"environment": str(env_file)}, waivers=[], today=TODAY)
+    assert "toolkit-cve-floor" in found, found
+    # What is known is kept and nothing unknown is: the same verdicts as with every value known.
+    plain = run_pack(stack_resources("dev"), config={"environment": str(env_file)}, waivers=[], today=TODAY)
+    assert found == plain

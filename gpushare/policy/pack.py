@@ -6,7 +6,7 @@ Kept importable apart from policies/pack/__main__.py, because constructing a Pol
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from pulumi_policy import (
     ReportViolation,
     StackValidationArgs,
     StackValidationPolicy,
+    proxy,
 )
 
 from gpushare.core.errors import GpushareError
@@ -60,16 +61,50 @@ def environment_file(stack: str) -> Path:
     return stacks_environment_file(env)
 
 
-def _known(value: Any) -> bool:
-    """Unknown values during preview are not violations: drop resources whose inputs are not known yet."""
-    return "04da6b54-80e4-46f7-96ec-b56ff0331ba9" not in repr(value)  # Pulumi's unknown sentinel
+# Pulumi's sentinels for values not known until an update (pulumi_policy.proxy): kept out of what the rules see.
+_UNKNOWN = frozenset((proxy.UNKNOWN_BOOLEAN_VALUE, proxy.UNKNOWN_NUMBER_VALUE, proxy.UNKNOWN_STRING_VALUE,
+                      proxy.UNKNOWN_ARRAY_VALUE, proxy.UNKNOWN_ASSET_VALUE, proxy.UNKNOWN_ARCHIVE_VALUE,
+                      proxy.UNKNOWN_OBJECT_VALUE))
+_DROPPED = object()
+
+
+def known_part(value: Any) -> Any:
+    """A resource's properties as plain dicts and lists, without the values the engine does not know yet.
+
+    During a preview the engine hands a stack policy every resource's properties behind a proxy that raises on
+    reading an unknown value (a Helm release's `status`, a node's server-filled fields). Reading one ends the whole
+    policy as "can't run during preview", so nothing would be judged; the rules judge inputs gpushare computes
+    from its files, which are always known, so only the unknown values themselves are left out."""
+    if isinstance(value, Mapping):
+        out = {}
+        for key in value:
+            try:
+                item = known_part(value[key])
+            except proxy.UnknownValueError:
+                continue
+            if item is not _DROPPED:
+                out[key] = item
+        return out
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        items = []
+        for i in range(len(value)):
+            try:
+                item = known_part(value[i])
+            except proxy.UnknownValueError:
+                continue
+            if item is not _DROPPED:
+                items.append(item)
+        return items
+    if isinstance(value, str) and value in _UNKNOWN:
+        return _DROPPED
+    return value
 
 
 def plan_from_stack(resources: Iterable[PolicyResource]) -> list[PlanResource]:
     """The stack's resources as the rules see them; a resource's cluster is its Kubernetes provider's name."""
-    return [PlanResource(type=r.resource_type, name=r.name, inputs=dict(r.props),
+    return [PlanResource(type=r.resource_type, name=r.name, inputs=known_part(r.props),
                          cluster=r.provider.name if r.provider is not None else "-")
-            for r in resources if _known(r.props)]
+            for r in resources]
 
 
 def context_from_stack(args: StackValidationArgs) -> Context:
