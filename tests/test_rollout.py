@@ -313,6 +313,59 @@ def test_pulumi_without_its_cli_stops_until_confirmed(tmp_path: Path) -> None:
     assert steps == [("pulumi-add", "waiting"), ("pulumi-add", "done"), ("pulumi-prune", "done")]
 
 
+class FailingUp(PulumiRunner):
+    """The CLI is there and `pulumi up` fails, as the engine reports a resource that errored."""
+
+    def __init__(self, fail_step: str) -> None:
+        super().__init__(confirm=lambda step: False)
+        self.fail_step, self.ups = fail_step, []
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    def stack(self, name: str) -> Any:
+        from types import SimpleNamespace
+
+        from pulumi import automation as auto
+        from pulumi.automation._cmd import CommandResult
+
+        def up(**kw: Any) -> Any:
+            step = kw["message"].rsplit(" ", 1)[-1]
+            self.ups.append(step)
+            if step == self.fail_step:
+                raise auto.CommandError(CommandResult(stdout="Updating (dev)", code=255, stderr=(
+                    "error: update failed\n  kubernetes:helm.sh/v3:Release (dev-metal-gpu-operator):\n"
+                    "    error: resource gpu-operator was not successfully created")))
+            return SimpleNamespace(summary=SimpleNamespace(result="succeeded", resource_changes={"update": 1}))
+
+        return SimpleNamespace(up=up, set_config=lambda *a, **k: None, remove_config=lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("fail_step", ["pulumi-add", "pulumi-prune"])
+def test_a_failed_pulumi_up_stops_the_rollout_and_is_journalled(tmp_path: Path, fail_step: str) -> None:
+    env = six_host_env(tmp_path)
+    journal = Journal(tmp_path / "journal.jsonl")
+    ansible = FakeAnsible()
+    pulumi = FailingUp(fail_step)
+    _, result = run(env, journal, ansible, pulumi=pulumi)
+    assert result.status == "failed" and result.reason.startswith(f"{fail_step}: pulumi up failed: ")
+    assert "resource gpu-operator was not successfully created" in result.reason
+    assert "--resume" in result.reason
+    # pulumi-add failing: no host is touched; pulumi-prune failing: every host had converged and passed.
+    assert ansible.hosts_run() == ([] if fail_step == "pulumi-add" else HOSTS)
+    steps = [(e["step"], e["status"]) for e in journal.events() if e["event"] == "step"]
+    assert steps[-1] == (fail_step, "failed")
+    assert [e for e in journal.events() if e["event"] == "end"][-1]["status"] == "failed"
+
+    # Resumed with the engine working: the failed step runs again, finished ones do not.
+    pulumi.fail_step, pulumi.ups = "", []
+    _, result = run(env, journal, ansible, pulumi=pulumi, resume=True)
+    assert result.status == "succeeded"
+    assert pulumi.ups == (["pulumi-add", "pulumi-prune"] if fail_step == "pulumi-add" else ["pulumi-prune"])
+    assert ansible.hosts_run() == HOSTS
+
+
 def test_environment_without_a_stack_skips_pulumi(tmp_path: Path) -> None:
     env = six_host_env(tmp_path, name="nostack")
     plan = plan_rollout(env, resolve(env), Journal(tmp_path / "j.jsonl"), "1,50%,100%")

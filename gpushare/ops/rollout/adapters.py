@@ -39,7 +39,7 @@ class AnsibleRunner(Protocol):
 
 class PulumiSteps(Protocol):
     def run(self, step: Step) -> tuple[str, str]:
-        """(status, detail): done, skipped, or waiting (a person must run the commands first)."""
+        """(status, detail): done, skipped, waiting (a person must run the commands first) or failed."""
         ...
 
 
@@ -192,6 +192,9 @@ def pulumi_environment() -> dict[str, str]:
     return {"PULUMI_PYTHON_CMD": os.environ.get("PULUMI_PYTHON_CMD", sys.executable)}
 
 
+PULUMI_ERROR_LINES = 12  # of a failed `pulumi up`'s output, kept in the journal
+
+
 class PulumiRunner:
     """Pulumi through its Automation API when the CLI is installed; otherwise the exact commands for a person."""
 
@@ -204,7 +207,8 @@ class PulumiRunner:
         return shutil.which("pulumi") is not None
 
     def run(self, step: Step) -> tuple[str, str]:
-        """(status, detail): done, skipped, or waiting (a person must run the commands first)."""
+        """(status, detail): done, skipped, waiting (a person must run the commands first) or failed (the
+        engine refused or a resource errored)."""
         if step.detail.get("skip"):
             return "skipped", str(step.detail["skip"])
         if not self.available():
@@ -232,5 +236,11 @@ class PulumiRunner:
                 stack.set_config(f"{KEEP_CONFIGS_KEY}[{i}].file", auto.ConfigValue(value=entry["file"]), path=True)
         if step.step == "pulumi-prune" and step.detail.get("keep"):
             stack.remove_config(KEEP_CONFIGS_KEY)
-        result = stack.up(on_output=self.on_output, message=f"gpushare rollout: {step.step}")
+        try:
+            result = stack.up(on_output=self.on_output, message=f"gpushare rollout: {step.step}")
+        except auto.CommandError as err:
+            # The engine's own diagnostics (its `error:` lines, else its last lines): journalled; the rollout stops.
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            errors = [line for line in lines if line.startswith("error:")]
+            return "failed", "pulumi up failed: " + " | ".join((errors or lines)[-PULUMI_ERROR_LINES:])
         return "done", f"pulumi up: {result.summary.result} ({json.dumps(result.summary.resource_changes or {})})"

@@ -152,6 +152,11 @@ class _Execution:
         status, detail = self.pulumi.run(step)
         self.event("step", step=step.step, status=status, detail=detail)
         self.show.step(step, status)
+        if status == "failed":
+            # Before the first batch nothing on the hosts changed; after the last, every host passed its gates.
+            where = "no host was touched" if step.step == "pulumi-add" else "every host had passed its gates"
+            return self.finish("failed", f"{step.step}: {detail}; {where}. Fix the cause and resume with --resume "
+                               "(finished steps and hosts are not run again)")
         if status == "waiting":
             return self.finish("stopped", f"{step.step}: {detail}; run these, then resume with --resume "
                                f"--pulumi-confirmed: " + "; ".join(step.detail["commands"]))
