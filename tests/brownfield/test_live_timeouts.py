@@ -25,17 +25,26 @@ pytestmark = pytest.mark.slow  # servers
 def server(tmp_path: Path) -> Iterator[Callable[[float], Path]]:
     servers: list[ThreadingHTTPServer] = []
 
-    def start(delay: float) -> Path:
+    def start(delay: float, trickle: float = 0.0) -> Path:
+        """A server answering each list after `delay` s; with `trickle`, one byte of it every `trickle` s."""
+
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 time.sleep(delay)
                 data = json.dumps({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": []}).encode()
+                if trickle:
+                    data = data.ljust(200)
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
-                    self.wfile.write(data)
+                    for i in range(len(data)) if trickle else ():
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(trickle)
+                    if not trickle:
+                        self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
@@ -60,7 +69,7 @@ def server(tmp_path: Path) -> Iterator[Callable[[float], Path]]:
         httpd.server_close()
 
 
-def test_an_api_server_that_never_answers_is_timed_out_per_call(server: Callable[[float], Path],
+def test_an_api_server_that_never_answers_is_timed_out_per_call(server: Callable[..., Path],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from gpushare.ops.brownfield import live
 
@@ -75,7 +84,24 @@ def test_an_api_server_that_never_answers_is_timed_out_per_call(server: Callable
     assert "did not answer the list of Nodes within the bound" in text and "kubectl get nodes" in text, text
 
 
-def test_slow_answers_are_bounded_in_total(server: Callable[[float], Path]) -> None:
+def test_a_trickled_answer_is_timed_out_per_call(server: Callable[..., Path],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes every 0.1 s, each within the client's read timeout: only a bound on the whole call ends it (the
+    answer would take 20 s)."""
+    from gpushare.ops.brownfield import live
+
+    monkeypatch.setattr(live, "CALL_SECONDS", 1.0)
+    import kubernetes.client  # noqa: F401 - as above
+
+    started = time.monotonic()
+    with pytest.raises(GpushareError) as err:
+        live.read_live(server(0.0, trickle=0.1), None)
+    assert time.monotonic() - started < 5
+    text = str(err.value)
+    assert "did not answer the list of Nodes within the bound of 10 s to connect and 1 s per list call" in text, text
+
+
+def test_slow_answers_are_bounded_in_total(server: Callable[..., Path]) -> None:
     import kubernetes.client  # noqa: F401 - as above
 
     from gpushare.ops.brownfield import live
@@ -87,7 +113,7 @@ def test_slow_answers_are_bounded_in_total(server: Callable[[float], Path]) -> N
     assert "whole read's bound of 1 s" in str(err.value), str(err.value)
 
 
-def test_a_server_that_answers_is_read(server: Callable[[float], Path]) -> None:
+def test_a_server_that_answers_is_read(server: Callable[..., Path]) -> None:
     from gpushare.ops.brownfield import live
 
     state = live.read_live(server(0.0), None)

@@ -3,7 +3,9 @@ dumps hold, as `kubectl get -o yaml` would show them. Only list calls: it never 
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,10 @@ CALL_SECONDS = 120.0
 TOTAL_SECONDS = 300.0
 
 
+class _CallTimedOut(Exception):
+    """A list call that outlasted its own bound (the whole read's bound is TimeoutError)."""
+
+
 class _Clock:
     """The request timeout for the next call: its own bound, cut to what is left of the whole read's."""
 
@@ -39,6 +45,29 @@ class _Clock:
         if left <= 0:
             raise TimeoutError
         return min(CONNECT_SECONDS, left), min(CALL_SECONDS, left)
+
+    def call(self, api: Any, call: Callable[..., Any], *args: Any) -> Any:
+        """`call(*args)` within its bound in total. The client's read timeout bounds each wait for bytes, so a
+        server that trickles an answer would hold a call for as long as it likes: the call runs in a thread, and
+        past its bound the client's connections are closed (which ends that thread's read) and it times out."""
+        timeout = self.timeout()
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = call(*args, _request_timeout=timeout)
+            except BaseException as exc:  # handed to the caller's thread
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=run, daemon=True, name="gpushare-kube-list")
+        worker.start()
+        worker.join(timeout[1])  # the call bound runs from the connection to the whole answer
+        if worker.is_alive():
+            api.rest_client.pool_manager.clear()
+            raise TimeoutError if time.monotonic() >= self.deadline else _CallTimedOut
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
 
 
 def read_live(kubeconfig: Path, context: str | None, total: float = TOTAL_SECONDS) -> ClusterState:
@@ -76,17 +105,17 @@ def read_live(kubeconfig: Path, context: str | None, total: float = TOTAL_SECOND
     try:
         for call, kind in typed:
             listing = f"the list of {kind}s"
-            items = [api.sanitize_for_serialization(item) for item in call(_request_timeout=clock.timeout()).items]
+            items = [api.sanitize_for_serialization(item) for item in clock.call(api, call).items]
             add_objects(state, {"kind": "List", "items": [{"kind": kind, **i} for i in items]}, state.source)
         for group, versions, plural, kind in CUSTOM:
             listing = f"the list of {kind}s"
-            items = _custom(custom, group, versions, plural, ApiException, clock)
+            items = _custom(api, custom, group, versions, plural, ApiException, clock)
             add_objects(state, {"kind": "List", "items": [{"kind": kind, **i} for i in items]}, state.source)
     except NewConnectionError:  # urllib3 makes it a timeout too, but the server refused or is not there
         raise GpushareError(Problem("cannot reach the API server: NewConnectionError", file=state.source,
                                     fix="check the kubeconfig's server address and your network"),
                             exit_code=2) from None
-    except (TimeoutError, TimeoutErrors) as exc:
+    except (TimeoutError, TimeoutErrors, _CallTimedOut) as exc:
         bound = (f"the whole read's bound of {total:.0f} s" if time.monotonic() >= clock.deadline or
                  isinstance(exc, TimeoutError) else f"the bound of {CONNECT_SECONDS:.0f} s to connect and "
                  f"{CALL_SECONDS:.0f} s per list call")
@@ -115,11 +144,11 @@ def read_live(kubeconfig: Path, context: str | None, total: float = TOTAL_SECOND
     return state
 
 
-def _custom(custom: Any, group: str, versions: tuple[str, ...], plural: str, not_found: type[Exception],
+def _custom(api: Any, custom: Any, group: str, versions: tuple[str, ...], plural: str, not_found: type[Exception],
             clock: _Clock) -> list[dict[str, Any]]:
     for version in versions:
         try:
-            answer = custom.list_cluster_custom_object(group, version, plural, _request_timeout=clock.timeout())
+            answer = clock.call(api, custom.list_cluster_custom_object, group, version, plural)
         except not_found as exc:
             if getattr(exc, "status", None) == 404:
                 continue
