@@ -33,9 +33,9 @@ class GpuSupply(Strict):
     cost: float = Field(1.0, gt=0, description="Relative cost of one GPU of this model (objective: cost).")
 
 
-# Replicas of all workloads in one demand. Measured (benchmarks/pack_scale.py): 204,000 replicas pack in 12 s with
-# 1 GiB of memory on a 2-core machine, output included; 1.7 million took 121 s and 8.5 GiB, a plan of 400,000 GPUs
-# that no site runs from one file.
+# Replicas of all workloads in one demand. Measured (benchmarks/planner/scale.py): 204,800 replicas pack in 4.2 s
+# with 318 MiB on a 2-core machine, checks and output included; 1.7 million took 121 s and 8.5 GiB, a plan of
+# 400,000 GPUs that no site runs from one file.
 MAX_TOTAL_REPLICAS = 250_000
 
 
