@@ -89,8 +89,9 @@ def apply_crds(kube: Kube, only: list[dict[str, Any]] | None = None) -> None:
         name = crd["metadata"]["name"]
         eventually(lambda name=name: any(
             c["type"] == "Established" and c["status"] == "True" for c in
-            (kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name) or {})
-            .get("status", {}).get("conditions", [])), what=f"CRD {name} established")
+            # a CRD just created may have a status whose conditions are still null
+            ((kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name) or {})
+             .get("status") or {}).get("conditions") or []), what=f"CRD {name} established")
     kube.dynamic.resources.invalidate_cache()
 
 

@@ -33,6 +33,7 @@ EXISTING = {"gpushare:kueue": {"mode": "existing"},
 PREEXISTING_NAMESPACES = ("kueue-system", "monitoring")
 DROP = {"pilot": ("pilot-gke",)}
 STACKS = {"dev": "dev", "pilot": "pilot", "dra": "dra"}
+SYSTEM_NODE = "system-1"  # a kwok node without GPUs or taints
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +85,9 @@ def prepare(env: str, clusters: ClusterFactory, folder: Path, tools: dict[str, P
         existing_crds(kube)
         for ns in PREEXISTING_NAMESPACES:
             kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, dry_run=False)
+        # Every real cluster has nodes for its system workloads, and every GPU pool here is tainted: the chart's
+        # hook Jobs (the GPU Operator's CRD upgrade before an upgrade, its cleanup before an uninstall) run there.
+        kube.create(kwok_node({"name": SYSTEM_NODE, "labels": {}, "taints": [], "advertised": {}}), dry_run=False)
         nodes[name] = planned_nodes(plan, name)
         for node in nodes[name]:
             owners = None if node["managed_by"] in ("gke", "eks") else ("ansible",)
