@@ -356,6 +356,39 @@ def window_steps(window: str, step: str, at: float) -> tuple[int, int, int]:
     return first, at_ms // step_ms * step_ms, step_ms
 
 
+def finite_times(prom: Prometheus, name: str, expr: str, start: float, end: float, step: int
+                 ) -> dict[tuple[tuple[str, str], ...], list[float]]:
+    """Per series (its sorted labels), the times from start to end (every `step` seconds) at which `expr` had a
+    finite value. A range Prometheus refuses at a limit, or whose answer is above MAX_ANSWER_BYTES, is halved and
+    read in parts, down to a single step; only the times are kept, so memory follows the series, not the answers."""
+    out: dict[tuple[tuple[str, str], ...], list[float]] = {}
+
+    def read(first: float, last: float) -> None:
+        try:
+            answer = prom.query_range(name, expr, first, last, step)
+        except ServerLimit:
+            steps = int(round((last - first) / step))
+            if steps < 1:
+                raise
+            middle = first + steps // 2 * step
+            read(first, middle)
+            read(middle + step, last)
+            return
+        for series in answer:
+            key = tuple(sorted((str(k), str(v)) for k, v in series.get("metric", {}).items()))
+            times = out.setdefault(key, [])
+            for t, v in series.get("values", []):
+                try:
+                    value = float(v)
+                except (TypeError, ValueError):
+                    continue
+                if math.isfinite(value):
+                    times.append(float(t))
+
+    read(start, end)
+    return out
+
+
 def read_steps(prom: Prometheus, name: str, expr: str, steps: tuple[int, int, int]) -> Series:
     """`expr` at every step from first to last, as range queries of at most CHUNK_SECONDS each, READERS at a time;
     a chunk Prometheus refuses at a limit is halved and retried, down to a single step."""

@@ -46,7 +46,7 @@ from gpushare.core.resolve import (
     resolve,
 )
 from gpushare.ops.patch import Proposal, dump_yaml, roundtrip_yaml
-from gpushare.ops.prometheus import Prometheus
+from gpushare.ops.prometheus import Prometheus, finite_times
 from gpushare.render.monitoring import rules as r
 from gpushare.render.monitoring.promql import HOST_LABEL, HOST_LABELS, alternatives, dcgm_host, ksm_label
 
@@ -291,8 +291,8 @@ def run_time_gates(prom: Prometheus, found: list[Item], guardrails: Guardrails, 
         if item.expr is None:
             gates.append(Gate("run-time", item.label, "-", required, True, item.note, applies=False))
             continue
-        series = prom.query_range(f"run time of {item.kind} {item.name}", item.expr, start, at, step)
-        times = [float(t) for s in series for t, v in s.get("values", []) if _finite(v)]
+        found_times = finite_times(prom, f"run time of {item.kind} {item.name}", item.expr, start, at, step)
+        times = sorted({t for ts in found_times.values() for t in ts})
         run, since = continuous_run(times, at, step)
         measured = _days(run) + (" or more" if since is not None and since - start < step / 2 else "")
         if since is None:
@@ -305,13 +305,6 @@ def run_time_gates(prom: Prometheus, found: list[Item], guardrails: Guardrails, 
         gates.append(Gate("run-time", item.label, measured, required, run >= policy.min_days * DAY - step / 2,
                           detail))
     return gates
-
-
-def _finite(text: Any) -> bool:
-    try:
-        return math.isfinite(float(text))
-    except (TypeError, ValueError):
-        return False
 
 
 # ---------------------------------------------------------------- health of the source over the window
@@ -355,10 +348,11 @@ class _Window:
         pools = {str(s["metric"].get("node")): str(s["metric"].get("pool"))
                  for s in prom.query("nodes of the source", f"max by (node, pool) ({self.node_pool})", self.at)}
         times: dict[str, dict[str, list[float]]] = {}
-        for s in prom.query_range(f"{name} coverage", f"max by (node) (\n  {by_node}\n)", start, self.at, step):
-            node = str(s.get("metric", {}).get("node"))
+        reported = finite_times(prom, f"{name} coverage", f"max by (node) (\n  {by_node}\n)", start, self.at, step)
+        for labels, present in reported.items():
+            node = str(dict(labels).get("node"))
             if node in pools:
-                times.setdefault(pools[node], {})[node] = [float(ts) for ts, v in s.get("values", []) if _finite(v)]
+                times.setdefault(pools[node], {})[node] = sorted(present)
         gaps = []
         for pool, want in sorted(expected.items()):
             nodes = times.get(pool, {})

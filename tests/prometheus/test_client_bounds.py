@@ -204,3 +204,34 @@ def test_negative_samples_are_refused_not_reported_ok(serve: Callable[[Handler],
     assert result.exit_code == 2, result.output
     document = json.loads(result.stdout)
     assert document["ok"] is False and "negative" in document["errors"][0], document
+
+
+def test_promotes_range_reads_split_an_answer_above_the_size_bound(serve: Callable[[Handler], str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`promote`'s run-time and coverage reads (finite_times): an answer above the bound is halved and read in
+    parts, the times of every part kept, non-finite samples dropped; a single step that is still too large is
+    named."""
+    monkeypatch.setattr(p, "MAX_ANSWER_BYTES", 200_000)
+    asked: list[int] = []
+
+    def answer(h: BaseHTTPRequestHandler, params: dict[str, str]) -> None:
+        start, end, step = float(params["start"]), float(params["end"]), int(params["step"])
+        steps = int(round((end - start) / step)) + 1
+        asked.append(steps)
+        pad = "x" * (300_000 if steps > 50 else 0)
+        result = [{"metric": {"node": f"n{k}", "pad": pad},
+                   "values": [[start + i * step, "NaN" if (k, int(start) // step + i) == (1, 7) else "1"]
+                              for i in range(steps)]} for k in range(2)]
+        _send(h, json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode())
+
+    url = serve(answer)
+    times = p.finite_times(Prometheus(url), "run time", "up", 0, 299 * 60, 60)
+    by_node = {dict(k)["node"]: v for k, v in times.items()}
+    assert sorted(by_node["n0"]) == [i * 60.0 for i in range(300)]
+    assert sorted(by_node["n1"]) == [i * 60.0 for i in range(300) if i != 7]  # its NaN dropped
+    assert max(asked) == 300 and min(asked) <= 50
+
+    monkeypatch.setattr(p, "MAX_ANSWER_BYTES", 10)
+    with pytest.raises(GpushareError) as err:
+        p.finite_times(Prometheus(url), "run time", "up", 0, 0, 60)
+    assert "larger than gpushare reads at once" in str(err.value)
