@@ -14,7 +14,7 @@ import yaml
 from tests.cluster import pulumi_engine as engine
 from tests.cluster.conftest import ClusterFactory
 from tests.cluster.kube import Kube
-from tests.cluster.test_pulumi_up import Stack, prepare
+from tests.cluster.test_pulumi_up import Stack, brought_up
 
 # What the GPU Operator's feature discovery and mig-manager write on a GPU node (label-ownership.md: not gpushare's).
 OPERATOR_LABELS = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8",
@@ -24,12 +24,7 @@ OPERATOR_MANAGER = "gpu-feature-discovery"
 
 @pytest.fixture(scope="module")
 def dev(clusters: ClusterFactory, tmp_path_factory: pytest.TempPathFactory) -> Stack:
-    tools = engine.tools_or_skip()
-    charts = engine.charts_or_skip(tmp_path_factory.mktemp("charts"))
-    stack = prepare("dev", clusters, tmp_path_factory.mktemp("ws-dev-ops"), tools, charts, prefix="ops")
-    first = stack.run("up")
-    assert first.ok, first.error + first.output[-6000:]
-    return stack
+    return brought_up("dev", clusters, tmp_path_factory, "ops")
 
 
 def pulumi_labels(stack: Stack, cluster: str) -> dict[str, dict[str, str]]:

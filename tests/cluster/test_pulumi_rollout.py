@@ -19,24 +19,18 @@ import pytest
 import yaml
 
 from gpushare.program.components.operator_values import DEVICE_PLUGIN_CONFIGMAP, NAMESPACE
-from tests.cluster import pulumi_engine as engine
 from tests.cluster.conftest import ClusterFactory
 from tests.cluster.kube import Kube, eventually
 from tests.cluster.nodes import plan_json, planned_nodes
 from tests.cluster.pulumi_rollout import CONFIG_LABEL
-from tests.cluster.test_pulumi_up import PREEXISTING_NAMESPACES, Stack, prepare, server_object
+from tests.cluster.test_pulumi_up import PREEXISTING_NAMESPACES, Stack, brought_up, server_object
 
 POOL, OLD_PROFILE, NEW_PROFILE = "l4-notebooks", "notebooks-ts4", "notebooks-ts2"
 
 
 @pytest.fixture(scope="module")
 def dev(clusters: ClusterFactory, tmp_path_factory: pytest.TempPathFactory) -> Stack:
-    tools = engine.tools_or_skip()
-    charts = engine.charts_or_skip(tmp_path_factory.mktemp("charts"))
-    stack = prepare("dev", clusters, tmp_path_factory.mktemp("ws-dev-rollout"), tools, charts, prefix="ro")
-    first = stack.run("up")
-    assert first.ok, first.error + first.output[-6000:]
-    return stack
+    return brought_up("dev", clusters, tmp_path_factory, "ro")
 
 
 def git(folder: Path, *args: str) -> str:

@@ -99,6 +99,16 @@ def prepare(env: str, clusters: ClusterFactory, folder: Path, tools: dict[str, P
     return Stack(env, workspace, kubes, nodes)
 
 
+def brought_up(env: str, clusters: ClusterFactory, tmp_path_factory: pytest.TempPathFactory, prefix: str) -> Stack:
+    """A stack of its own (API servers named by `prefix`) after a first `pulumi up`; skips without the programs."""
+    tools = engine.tools_or_skip()
+    charts = engine.charts_or_skip(tmp_path_factory.mktemp("charts"))
+    stack = prepare(env, clusters, tmp_path_factory.mktemp(f"ws-{env}-{prefix}"), tools, charts, prefix=prefix)
+    first = stack.run("up")
+    assert first.ok, first.error + first.output[-6000:]
+    return stack
+
+
 def missing(expected: Any, actual: Any, where: str = "") -> list[str]:
     """Where `actual` lacks what `expected` holds: maps by key, lists element by element (each expected element
     somewhere in the actual list: the server may keep others' entries, e.g. taints), scalars by value (a number the
