@@ -778,7 +778,7 @@ def pack_kinds(data: Data, wanted: dict[int, dict[int, int]]) -> list[Fill]:
         if unit.sharing == "exclusive":
             fills += [Fill(u, ((i, 1),)) for i, c in counts.items() for _ in range(c)]
             continue
-        units: list[list[Any]] = []  # [counts, memory, compute, size, open]
+        units: list[list[Any]] = []  # [counts, memory, compute, size]
         sliced = unit.sharing == "time-slicing"
         least_m = min(float(data.memory[i]) for i in counts)
         least_c = min(float(data.compute[i]) for i in counts)
@@ -796,7 +796,7 @@ def pack_kinds(data: Data, wanted: dict[int, dict[int, int]]) -> list[Fill]:
                     _add(entry, i, take, m, c)
                     left -= take
             while left:
-                entry = [{}, 0.0, 0.0, 0, True]
+                entry = [{}, 0.0, 0.0, 0]
                 take = min(_room(unit, sliced, entry, m, c), left)
                 if take <= 0:  # a replica no empty unit of this kind holds: one per unit, as before
                     take = 1
@@ -804,11 +804,9 @@ def pack_kinds(data: Data, wanted: dict[int, dict[int, int]]) -> list[Fill]:
                 units.append(entry)
                 open_.append(entry)
                 left -= take
-            for entry in open_:
-                if entry[3] >= unit.replicas or (sliced and (entry[1] + least_m > unit.memory_gib + EPS
-                                                             or entry[2] + least_c > unit.sum_compute + EPS)):
-                    entry[4] = False
-            open_ = [e for e in open_ if e[4]]
+            # A unit that cannot take even the smallest replica left stays closed.
+            open_ = [e for e in open_ if e[3] < unit.replicas and not (sliced and (
+                e[1] + least_m > unit.memory_gib + EPS or e[2] + least_c > unit.sum_compute + EPS))]
         fills += [Fill(u, tuple(sorted(entry[0].items()))) for entry in units]
     return fills
 

@@ -68,17 +68,21 @@ def api_server(tmp_path: Path) -> Iterator[Callable[[str], tuple[Path, list[tupl
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         servers.append(server)
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        kubeconfig = tmp_path / f"{name}.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fixture",
-            "clusters": [{"name": "fixture", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
-            "users": [{"name": "reader", "user": {"token": "read-only"}}],
-            "contexts": [{"name": "fixture", "context": {"cluster": "fixture", "user": "reader"}}]}))
-        return kubeconfig, seen
+        return server_kubeconfig(tmp_path / f"{name}.kubeconfig", server.server_port), seen
 
     yield start
     for server in servers:
         server.shutdown()
+
+
+def server_kubeconfig(path: Path, port: int) -> Path:
+    """A kubeconfig (context `fixture`, a bearer token) for a plain-HTTP stand-in API server on 127.0.0.1."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fixture",
+        "clusters": [{"name": "fixture", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "reader", "user": {"token": "read-only"}}],
+        "contexts": [{"name": "fixture", "context": {"cluster": "fixture", "user": "reader"}}]}))
+    return path
 
 
 def without_source(text: str) -> Any:

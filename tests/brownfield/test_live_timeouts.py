@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpushare.core.errors import GpushareError
+from tests.brownfield.test_live import server_kubeconfig
 
 pytest.importorskip("kubernetes")
 pytestmark = pytest.mark.slow  # servers
@@ -55,13 +55,7 @@ def server(tmp_path: Path) -> Iterator[Callable[[float], Path]]:
         httpd.daemon_threads = True
         servers.append(httpd)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        kubeconfig = tmp_path / f"k{len(servers)}.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "c",
-            "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{httpd.server_port}"}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-        return kubeconfig
+        return server_kubeconfig(tmp_path / f"k{len(servers)}.kubeconfig", httpd.server_port)
 
     yield start
     for httpd in servers:

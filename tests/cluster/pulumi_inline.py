@@ -20,6 +20,15 @@ from typing import Any
 from pulumi import automation as auto
 
 
+def inline_stack(name: str) -> auto.Stack:
+    """The workspace's (the working directory's) stack, running gpushare's program inline."""
+    from gpushare.program.main import run
+
+    return auto.create_or_select_stack(
+        stack_name=name, project_name="gpushare", program=run,
+        opts=auto.LocalWorkspaceOptions(work_dir=str(Path.cwd()), secrets_provider="passphrase"))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("op", choices=("up", "preview", "refresh", "destroy"))
@@ -28,11 +37,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
-    from gpushare.program.main import run
-
-    stack = auto.create_or_select_stack(
-        stack_name=args.stack, project_name="gpushare", program=run,
-        opts=auto.LocalWorkspaceOptions(work_dir=str(Path.cwd()), secrets_provider="passphrase"))
+    stack = inline_stack(args.stack)
     lines: list[str] = []
     answer: dict[str, Any] = {"op": args.op}
     start = time.monotonic()

@@ -21,10 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pulumi import automation as auto
-
 from gpushare.ops.rollout.adapters import HostOutcome, PulumiRunner
 from tests.cluster.kube import Kube
+from tests.cluster.pulumi_inline import inline_stack
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 
@@ -33,11 +32,7 @@ class InlinePulumi(PulumiRunner):
     """gpushare's Pulumi steps, the workspace's stack running gpushare's program inline."""
 
     def stack(self, name: str) -> Any:
-        from gpushare.program.main import run
-
-        return auto.create_or_select_stack(
-            stack_name=name, project_name="gpushare", program=run,
-            opts=auto.LocalWorkspaceOptions(work_dir=str(Path.cwd()), secrets_provider="passphrase"))
+        return inline_stack(name)
 
 
 class SharingRole:
