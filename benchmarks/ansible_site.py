@@ -7,6 +7,8 @@ like the Ansible tests; nothing here is a pass/fail test.
 
     python benchmarks/ansible_site.py [--sizes 1,4,8] [--forks 10] [--profile] [--mitogen]
 
+--mitogen runs the same playbook under Mitogen's mitogen_free strategy, as `gpushare ansible-env --mitogen` sets it.
+
 Each run is a plain `ansible-playbook -i ENV playbooks/site.yml` process started the way a user starts it (the
 project's ansible.cfg, fresh ssh connections); its log is kept under build/ansible/logs/<pid>/. With --profile a
 callback (benchmarks/callback_plugins/task_times.py) records every task result's duration, and the slowest tasks
@@ -140,26 +142,10 @@ def busy_cpu_s() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-# --mitogen: the same site.yml with Mitogen's strategy (pip install mitogen; not a gpushare dependency). The plays
-# name their strategy, so the benchmark runs a copy of the playbook with `strategy: free` swapped for mitogen_free.
+# --mitogen: site.yml under Mitogen's mitogen_free strategy, set as `gpushare ansible-env --mitogen` sets it (the
+# gpushare[mitogen] extra installed). Mitogen runs ssh itself and checks host keys by Ansible's setting, not by the
+# ssh_args (the test hosts' keys are generated per run, as the plain runs' ssh_args say).
 MITOGEN: dict[str, str] = {}
-
-
-def mitogen_playbook(directory: Path) -> Path:
-    import ansible_mitogen
-
-    MITOGEN["ANSIBLE_STRATEGY_PLUGINS"] = str(Path(ansible_mitogen.__file__).parent / "plugins" / "strategy")
-    # Mitogen runs ssh itself and checks host keys by Ansible's setting, not by the ssh_args (the test hosts' keys
-    # are generated per run, as the plain runs' ssh_args say).
-    MITOGEN["ANSIBLE_HOST_KEY_CHECKING"] = "False"
-    text = (ROOT / "playbooks" / "site.yml").read_text()
-    assert "  strategy: free\n" in text
-    path = directory / "site-mitogen.yml"
-    path.write_text(text.replace("  strategy: free\n", "  strategy: mitogen_free\n"))
-    return path
-
-
-PLAYBOOK: list[str] = ["playbooks/site.yml"]
 
 
 def site(ctl: Controller, env: Path, forks: int, label: str, profile: bool) -> Run:
@@ -170,7 +156,7 @@ def site(ctl: Controller, env: Path, forks: int, label: str, profile: bool) -> R
     times = ctl.logs / f"{label}.times.jsonl" if profile else None
     main_out, main_prof = ctl.logs / f"{label}.main.json", ctl.logs / f"{label}.main.prof"
     cmd = [sys.executable, "-c", MAIN_PROCESS, str(main_out), str(main_prof) if profile else "",
-           str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(env), PLAYBOOK[0],
+           str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(env), "playbooks/site.yml",
            "-f", str(forks), "-e", f"gpushare_kubeconfig={ctl.kubeconfig}"]
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -250,7 +236,9 @@ def main() -> None:
     parser.add_argument("--mitogen", action="store_true", help="run site.yml with Mitogen's mitogen_free strategy")
     args = parser.parse_args()
     if args.mitogen:
-        PLAYBOOK[0] = str(mitogen_playbook(Path(tempfile.mkdtemp(prefix="gpushare-mitogen-"))))
+        from gpushare.core.paths import mitogen_environment
+
+        MITOGEN.update(mitogen_environment(), ANSIBLE_HOST_KEY_CHECKING="False")
     if os.geteuid() != 0:
         raise SystemExit("needs root (systemd-nspawn, network namespaces), like the Ansible tests")
     sizes = [int(s) for s in args.sizes.split(",")]

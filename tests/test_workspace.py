@@ -230,6 +230,24 @@ def test_ansible_env_points_at_the_installed_package(workspace: Path, monkeypatc
     assert json.loads(runner.invoke(app, ["ansible-env", "--json"]).stdout) == env
 
 
+def test_ansible_env_mitogen_names_mitogen_s_strategy_or_says_how_to_install_it(
+        workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.chdir(workspace)
+    result = runner.invoke(app, ["ansible-env", "--mitogen", "--json"])
+    assert result.exit_code == 0, result.output
+    env = json.loads(result.stdout)
+    assert env["GPUSHARE_ANSIBLE_STRATEGY"] == "mitogen_free"
+    assert (Path(env["ANSIBLE_STRATEGY_PLUGINS"]) / "mitogen_free.py").is_file()
+    assert "ANSIBLE_STRATEGY_PLUGINS" not in json.loads(runner.invoke(app, ["ansible-env", "--json"]).stdout)
+    monkeypatch.setitem(sys.modules, "ansible_mitogen", None)  # as if not installed
+    missing = runner.invoke(app, ["ansible-env", "--mitogen"])
+    assert missing.exit_code == 2
+    assert "Mitogen is not installed" in missing.output and "gpushare[mitogen]" in missing.output
+    assert "export" not in missing.stdout
+
+
 def test_init_refuses_a_used_directory(outside: Path) -> None:
     used = outside / "used"
     used.mkdir()

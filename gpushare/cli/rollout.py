@@ -59,6 +59,9 @@ def rollout_command(
                                                 "(token in $CONTROLLER_OAUTH_TOKEN).")] = None,
     awx_template: Annotated[list[str] | None, typer.Option("--awx-template", help="With --awx-url: PLAYBOOK=ID, the "
                                                            "job template of rollout.yml and of verify.yml.")] = None,
+    mitogen: Annotated[bool, typer.Option("--mitogen", help="Converge each batch under Mitogen's mitogen_free "
+                                          "strategy (pip install 'gpushare[mitogen]'): less controller CPU per "
+                                          "task; not with --awx-url.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (no progress display).")] = False,
 ) -> None:
     """Roll an environment out: Pulumi adds configs, bare-metal hosts converge batch by batch behind health gates,
@@ -83,6 +86,7 @@ def rollout_command(
                                         fix="give the kubeconfig of the environment's clusters"), exit_code=2)
         parse_batches(batches)
         templates = _awx_templates(awx_url, awx_template or [])
+        strategy_env = _strategy_env(mitogen, awx_url)
         fleet = resolve_env(env)
         journal = Journal(journal_path or state_dir(fleet.environment) / "journal.jsonl")
         check_output_file(journal.path, [fleet.source], option="--journal")
@@ -110,7 +114,8 @@ def rollout_command(
         _say(as_json, "; ".join(plan.notes))
         return
 
-    result = _execute(plan, journal, kubeconfig, pulumi_confirmed, forks, gate_timeout, as_json, awx_url, templates)
+    result = _execute(plan, journal, kubeconfig, pulumi_confirmed, forks, gate_timeout, as_json, awx_url, templates,
+                      strategy_env)
     if as_json:
         print(json.dumps({"ok": result.status == "succeeded", **plan.as_dict(), **result.as_dict()}, indent=2))
     else:
@@ -209,9 +214,24 @@ def _awx_templates(url: str | None, values: list[str]) -> dict[str, int]:
     return parse_templates(values)
 
 
+def _strategy_env(mitogen: bool, awx_url: str | None) -> dict[str, str]:
+    """--mitogen: the settings that run the converge plays under Mitogen, refused before anything runs where Mitogen
+    is missing or the batches go to AWX (its execution environment decides the strategy: -e gpushare_strategy)."""
+    if not mitogen:
+        return {}
+    if awx_url is not None:
+        raise GpushareError(Problem("--mitogen with --awx-url", path="--mitogen",
+                                    fix="set gpushare_strategy=mitogen_free in the job template's extra variables "
+                                        "(with Mitogen in its execution environment), and leave --mitogen out"),
+                            exit_code=2)
+    from gpushare.core.paths import mitogen_environment
+
+    return mitogen_environment()
+
+
 def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulumi_confirmed: bool, forks: int,
              gate_timeout: float, as_json: bool, awx_url: str | None = None,
-             awx_templates: dict[str, int] | None = None) -> Result:
+             awx_templates: dict[str, int] | None = None, strategy_env: dict[str, str] | None = None) -> Result:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -279,7 +299,7 @@ def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulum
         ansible = AwxBackend(awx_url, awx_templates or {}, journal.path.parent / "logs")
     else:
         ansible = adapters.AnsibleBackend(journal.path.parent / "logs", forks=forks, kubeconfig=kubeconfig,
-                                          on_task=on_task)
+                                          on_task=on_task, strategy_env=strategy_env)
     pulumi = adapters.PulumiRunner(confirm, on_output=None if as_json else lambda line: err.print(line, markup=False,
                                                                                                  end=""))
     kube = adapters.Kube(kubeconfig) if kubeconfig is not None else None
@@ -290,16 +310,21 @@ def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulum
 
 def ansible_env_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of shell lines.")] = False,
+    mitogen: Annotated[bool, typer.Option(
+        "--mitogen", help="Also run the converge plays (site.yml, rollout.yml) under Mitogen's mitogen_free strategy "
+        "(pip install 'gpushare[mitogen]'): less controller CPU per task.")] = False,
 ) -> None:
     """Print the settings that point Ansible at this machine's gpushare (its playbooks, roles, modules, inventory
     plugin) and the workspace's ansible.cfg, for running playbooks by hand: eval "$(gpushare ansible-env)"."""
     import shlex
 
     from gpushare.cli.common import fail
-    from gpushare.core.paths import ansible_environment, project_root
+    from gpushare.core.paths import ansible_environment, mitogen_environment, project_root
 
     try:
         env = ansible_environment(project_root())
+        if mitogen:
+            env.update(mitogen_environment())
     except GpushareError as err:
         raise fail(err, as_json) from None
     if as_json:

@@ -49,6 +49,27 @@ def ansible_environment(workspace: Path) -> dict[str, str]:
             "GPUSHARE_PLAYBOOKS": str(package_ansible())}
 
 
+# Mitogen's strategy (the PyPI package mitogen, gpushare's `mitogen` extra): the converge plays take their strategy
+# from the extra var gpushare_strategy, else this environment variable, else `free`.
+MITOGEN_STRATEGY = "mitogen_free"
+STRATEGY_VARIABLE = "GPUSHARE_ANSIBLE_STRATEGY"
+
+
+def mitogen_environment() -> dict[str, str]:
+    """What runs the converge plays under Mitogen's `mitogen_free` strategy: its strategy plugins on Ansible's path,
+    and the strategy named for the plays. Mitogen keeps one Python interpreter per host and sends each module once,
+    instead of an ssh session and a module transfer per task."""
+    try:
+        import ansible_mitogen  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        raise GpushareError(Problem(
+            "Mitogen is not installed in the Python that runs gpushare and Ansible", path="--mitogen",
+            fix="pip install 'gpushare[mitogen]' (or run without --mitogen: the stock strategy does the same work)",
+        ), exit_code=2) from None
+    plugins = Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(plugins), STRATEGY_VARIABLE: MITOGEN_STRATEGY}
+
+
 def find_workspace(start: Path) -> Path | None:
     """The nearest directory at or above `start` holding the workspace marker, as Git and Pulumi find theirs."""
     start = start.resolve()

@@ -57,7 +57,12 @@ def test_both_job_templates_are_required(values: list[str]) -> None:
 @pytest.mark.parametrize("args", [["--awx-template", "rollout.yml=1"],
                                   ["--awx-url", "awx.example.com", "--awx-template", "rollout.yml=1",
                                    "--awx-template", "verify.yml=2"],
-                                  ["--awx-url", "https://awx.example.com", "--awx-template", "rollout.yml=1"]])
+                                  ["--awx-url", "https://awx.example.com", "--awx-template", "rollout.yml=1"],
+                                  # The controller's execution environment decides the strategy, not this machine.
+                                  ["--awx-url", "https://awx.example.com", "--awx-template", "rollout.yml=1",
+                                   "--awx-template", "verify.yml=2", "--mitogen"]])
 def test_rollout_refuses_incomplete_awx_options_as_bad_input(args: list[str]) -> None:
     result = CliRunner().invoke(app, ["rollout", "--env", "pilot", "--dry-run", *args])
     assert result.exit_code == 2, result.output
+    if "--mitogen" in args:
+        assert "--mitogen with --awx-url" in result.output and "gpushare_strategy=mitogen_free" in result.output

@@ -67,7 +67,8 @@ def test_ansible_doc_finds_the_modules_and_the_inventory_plugin_by_their_names(i
                             capture_output=True, text=True, timeout=300)
     assert listed.returncode == 0, listed.stderr
     assert set(json.loads(listed.stdout)) == {f"gpushare.fleet.{m}" for m in (
-        "containerd_runtime", "dcgm_diag", "gpu_facts", "gpushare_state", "kube_node")}
+        "apt_source", "cdi_spec", "containerd_runtime", "dcgm_diag", "gpu_facts", "gpushare_state", "host_read",
+        "kube_node", "role_arguments")}
     plugin = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "gpushare.fleet.gpushare_fleet"], env=env,
                             capture_output=True, text=True, timeout=300)
     assert plugin.returncode == 0 and str(installed) in plugin.stdout, plugin.stdout + plugin.stderr
@@ -85,12 +86,12 @@ def bed() -> Iterator[Testbed]:
         yield testbed
 
 
-def two_host_environment(bed: Testbed, directory: Path) -> Path:
-    """The testbed environment's A100 and L4 pools, one host each at the address it got."""
+def two_host_environment(bed: Testbed, directory: Path, hosts: dict[str, HostSpec] = HOSTS) -> Path:
+    """The testbed environment's A100 and L4 pools, one host each (`hosts`, by pool) at the address it got."""
     data = yaml.safe_load((ENVIRONMENTS / "testbed.yaml").read_text())
-    data["pools"] = [p for p in data["pools"] if p["name"] in HOSTS]
+    data["pools"] = [p for p in data["pools"] if p["name"] in hosts]
     for pool in data["pools"]:
-        spec = HOSTS[pool["name"]]
+        spec = hosts[pool["name"]]
         pool["hosts"] = [{"name": spec.name, "address": bed.host(spec.name).address, "gpu_count": spec.gpu_count,
                           "nvswitch": spec.nvswitch}]
     data["tenants"] = [t for t in data["tenants"]

@@ -27,6 +27,17 @@ FIXTURES = Path(__file__).resolve().parent / "fixture_packages"
 
 
 def module(name: str) -> ModuleType:
+    """A module's file imported here as Ansible would run it, its collection's module_utils importable by their
+    fully qualified names (Ansible puts them in the module's payload)."""
+    utils = LIBRARY.parent / "module_utils"
+    for path in utils.glob("*.py"):
+        qualified = f"ansible_collections.gpushare.fleet.plugins.module_utils.{path.stem}"
+        if qualified not in sys.modules:
+            util_spec = importlib.util.spec_from_file_location(qualified, path)
+            assert util_spec and util_spec.loader
+            util = importlib.util.module_from_spec(util_spec)
+            util_spec.loader.exec_module(util)
+            sys.modules[qualified] = util
     spec = importlib.util.spec_from_file_location(f"gpushare_test_{name}", LIBRARY / f"{name}.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
@@ -332,3 +343,116 @@ def test_cdi_spec_and_dcgm_diagnostic_follow_the_simulated_gpus(sim, tmp_path: P
     finally:
         engine.terminate()
         engine.wait()
+
+
+# ---------------------------------------------------------------- host_read, apt_source, role_arguments on this machine
+
+
+def module_json(run: subprocess.CompletedProcess) -> dict:
+    """The result `ansible localhost -m MODULE` printed after `localhost | STATUS =>`."""
+    return json.loads(run.stdout[run.stdout.index("{"):])
+
+
+def test_host_read_reports_packages_commands_paths_and_state_without_failing_on_what_is_missing(
+        tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"state": "success", "mig_config": "gpushare-a"}))
+    args = json.dumps({"packages": ["dpkg", "gpushare-no-such-package"],
+                       "commands": {"ok": ["true"], "missing": ["gpushare-no-such-command", "--version"]},
+                       "paths": [str(state), str(tmp_path / "absent")], "state_path": str(state)})
+    run = ansible_module("gpushare.fleet.host_read", args)
+    assert run.returncode == 0, run.stdout + run.stderr
+    got = module_json(run)
+    assert got["changed"] is False
+    assert got["packages"]["dpkg"]["status"] == "installed" and got["packages"]["dpkg"]["version"]
+    assert got["packages"]["gpushare-no-such-package"] == {"version": None, "want": None, "status": None}
+    assert got["commands"]["ok"]["rc"] == 0
+    assert got["commands"]["missing"]["rc"] == 127 and "not installed" in got["commands"]["missing"]["stderr"]
+    assert got["paths"] == {str(state): True, str(tmp_path / "absent"): False}
+    assert got["state"] == {"state": "success", "mig_config": "gpushare-a"}
+    bad = ansible_module("gpushare.fleet.host_read", json.dumps({"commands": {"x": "containerd --version"}}))
+    assert bad.returncode != 0 and "each command is a non-empty list of arguments" in bad.stdout
+
+
+def test_host_read_parses_one_systemctl_show_block_per_unit_in_the_order_asked() -> None:
+    hr = module("host_read")
+    text = ("Id=nvidia-fabricmanager.service\nActiveState=active\nUnitFileState=enabled\nEnvironment=\n\n"
+            "Id=nvidia-mig-manager.service\nActiveState=inactive\nUnitFileState=enabled\n"
+            "Environment=MIG_PARTED_CONFIG_FILE=/etc/gpushare/mig-parted/config.yaml MIG_PARTED_SELECTED_CONFIG=a\n\n"
+            "Id=gone.service\nActiveState=inactive\nUnitFileState=\nEnvironment=\n")
+    got = hr.parse_units(text, ["nvidia-fabricmanager.service", "nvidia-mig-manager.service", "gone.service"])
+    assert got["nvidia-fabricmanager.service"] == {"active": "active", "enabled": "enabled", "environment": ""}
+    assert got["nvidia-mig-manager.service"]["environment"].endswith("MIG_PARTED_SELECTED_CONFIG=a")
+    assert got["gone.service"] == {"active": "inactive", "enabled": None, "environment": ""}
+    assert hr.parse_units("", ["x.service"]) == {"x.service": {"active": None, "enabled": None, "environment": ""}}
+    dpkg = hr.parse_dpkg("nvidia-container-toolkit\t1.18.2-1\thold\tinstalled\n", ["nvidia-container-toolkit", "x"])
+    assert dpkg == {"nvidia-container-toolkit": {"version": "1.18.2-1", "want": "hold", "status": "installed"},
+                    "x": {"version": None, "want": None, "status": None}}
+
+
+def test_apt_source_writes_the_source_and_key_once_and_refuses_bad_settings(tmp_path: Path) -> None:
+    key = tmp_path / "key.asc"
+    key.write_text("-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmQINBF...\n-----END PGP PUBLIC KEY BLOCK-----\n")
+    dirs = {"sources_dir": str(tmp_path / "sources"), "keyrings_dir": str(tmp_path / "keyrings")}
+    signed = {"name": "nvidia-dcgm", "uri": "https://mirror.example/cuda", "key_url": key.as_uri(), **dirs}
+    first = ansible_module("gpushare.fleet.apt_source", json.dumps(signed))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert module_json(first)["changed"] is True
+    source = (tmp_path / "sources" / "nvidia-dcgm.sources").read_text()
+    assert "URIs: https://mirror.example/cuda\nSuites: /\n" in source
+    assert f"Signed-By: {tmp_path / 'keyrings' / 'nvidia-dcgm.asc'}" in source
+    assert (tmp_path / "keyrings" / "nvidia-dcgm.asc").read_text() == key.read_text()
+    again = ansible_module("gpushare.fleet.apt_source", json.dumps(signed))
+    assert module_json(again)["changed"] is False  # a converged host refreshes no package index
+    trusted = ansible_module("gpushare.fleet.apt_source", json.dumps(
+        {"name": "nvidia-dcgm", "uri": "file:/srv/cuda", "trusted": True, **dirs}))
+    assert module_json(trusted)["changed"] is True
+    assert "Trusted: yes" in (tmp_path / "sources" / "nvidia-dcgm.sources").read_text()
+    for args, message in (({"name": "NVIDIA dcgm", "uri": "file:/srv", "trusted": True}, "lower case letters"),
+                          ({"name": "dcgm", "uri": "file:/srv"}, "give a signing key URL, or trusted=true"),
+                          ({"name": "dcgm", "uri": "file:/srv", "key_url": (tmp_path / "absent.asc").as_uri()},
+                           "could not fetch the signing key")):
+        bad = ansible_module("gpushare.fleet.apt_source", json.dumps({**args, **dirs}))
+        assert bad.returncode != 0 and message in bad.stdout, bad.stdout
+    not_a_key = tmp_path / "page.html"
+    not_a_key.write_text("<html>proxy login</html>")
+    bad = ansible_module("gpushare.fleet.apt_source", json.dumps(
+        {"name": "other", "uri": "file:/srv", "key_url": not_a_key.as_uri(), **dirs}))
+    assert bad.returncode != 0 and "did not answer with an OpenPGP key" in bad.stdout, bad.stdout
+    assert not (tmp_path / "keyrings" / "other.asc").exists()
+
+
+ROLE_ARGUMENTS_PLAY = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - gpushare.fleet.role_arguments:
+        roles: [gpu_facts, nvidia_driver_check, nvidia_container_toolkit, mig, dcgm, gpushare.fleet.gpu_sharing]
+"""
+
+
+def test_role_arguments_checks_every_role_s_spec_in_one_task_and_names_the_role_and_option(tmp_path: Path) -> None:
+    play = tmp_path / "play.yml"
+    play.write_text(ROLE_ARGUMENTS_PLAY)
+    bin_dir = Path(sys.executable).parent
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(bin_dir / "ansible-playbook"), "-i", str(ENVIRONMENTS / "testbed.yaml"),
+                               str(play), "--limit", "tb-a100-01", "-v", *extra], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin",
+                                   "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")})
+
+    good = run()
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "the arguments of 6 roles passed their argument specs" in good.stdout
+    assert '"mig": 0' not in good.stdout  # each role had values to check
+    bad = run("-e", "mig_drain_timeout=soon", "-e", "dcgm_diag_level=[1]")
+    assert bad.returncode != 0
+    assert "role mig:" in bad.stdout and "mig_drain_timeout" in bad.stdout, bad.stdout
+    assert "role dcgm:" in bad.stdout and "dcgm_diag_level" in bad.stdout, bad.stdout
+    unknown = tmp_path / "unknown.yml"
+    unknown.write_text(ROLE_ARGUMENTS_PLAY.replace("gpu_facts,", "gpu_fact,"))
+    play.write_text(unknown.read_text())
+    wrong = run()
+    assert wrong.returncode != 0 and "gpu_fact is not a role of gpushare.fleet" in wrong.stdout, wrong.stdout

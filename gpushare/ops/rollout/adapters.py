@@ -97,9 +97,11 @@ class AnsibleBackend:
     """The playbooks through ansible-runner, one call per batch with `--limit`."""
 
     def __init__(self, logs: Path, forks: int = 10, kubeconfig: Path | None = None,
-                 on_task: Callable[[str, str], None] | None = None) -> None:
+                 on_task: Callable[[str, str], None] | None = None, strategy_env: dict[str, str] | None = None) -> None:
         self.logs = logs
         self.forks = forks
+        # Settings that pick the converge plays' strategy (mitogen_environment() for --mitogen); none for `free`.
+        self.strategy_env = strategy_env or {}
         self.kubeconfig = kubeconfig
         self.on_task = on_task
         self.calls = 0
@@ -122,7 +124,8 @@ class AnsibleBackend:
         # own roles, modules and inventory plugin whatever that file says.
         env = {**ansible_environment(root),
                "ANSIBLE_CONFIG": os.environ.get("ANSIBLE_CONFIG", str(root / "ansible.cfg")),
-               "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])}
+               "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]),
+               **self.strategy_env}
         extravars: dict[str, Any] = {}
         if self.kubeconfig is not None:
             extravars["gpushare_kubeconfig"] = str(self.kubeconfig)

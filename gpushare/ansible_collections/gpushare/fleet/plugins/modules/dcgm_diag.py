@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpushare.fleet.plugins.module_utils.state import update_state
 
 DOCUMENTATION = r"""
 module: dcgm_diag
@@ -13,8 +14,8 @@ short_description: Run DCGM's diagnostic (dcgmi diag --json) and report failing 
 description:
   - Runs C(dcgmi diag -r LEVEL --json) and parses the report (DCGM 4 layout, C(DCGM Diagnostic) >
     C(test_categories) > C(tests) > C(results) per entity; the older C(DCGM GPU Diagnostic) key is read too).
-  - Changes nothing and never fails on a failing test; it returns C(passed) and C(failures) so the caller can
-    cordon the node first. It fails only when dcgmi gives no report at all.
+  - Changes nothing but the state record (O(state_path)) and never fails on a failing test; it returns C(passed)
+    and C(failures) so the caller can cordon the node first. It fails only when dcgmi gives no report at all.
 options:
   level:
     description: Diagnostic level (1 is the quick software and deployment check).
@@ -24,6 +25,10 @@ options:
     description: dcgmi executable.
     type: str
     default: dcgmi
+  state_path:
+    description: Record the verdict in gpushare's state file (C(dcgm_diag) passed or failed, C(dcgm_failures)); the
+      file is written only when the record differs, and the task then reports changed. Omit to record nothing.
+    type: path
 """
 
 RETURN = r"""
@@ -74,7 +79,8 @@ def parse(text):
 
 def main():
     module = AnsibleModule(argument_spec={"level": {"type": "int", "default": 1},
-                                          "dcgmi": {"type": "str", "default": "dcgmi"}},
+                                          "dcgmi": {"type": "str", "default": "dcgmi"},
+                                          "state_path": {"type": "path"}},
                            supports_check_mode=True)
     dcgmi = module.get_bin_path(module.params["dcgmi"], required=True)
     cmd = [dcgmi, "diag", "-r", str(module.params["level"]), "--json"]
@@ -86,7 +92,11 @@ def main():
                          cmd=cmd)
     # Not `rc`: Ansible fails any task whose result has a non-zero rc, and a failing diagnostic is a result here
     # (the role cordons the node and fails the host with the failures named).
-    module.exit_json(changed=False, passed=passed, failures=failures, tests=tests, dcgmi_rc=rc)
+    changed = False
+    if module.params["state_path"]:
+        record = {"dcgm_diag": "passed" if passed else "failed", "dcgm_failures": failures}
+        changed = update_state(module.params["state_path"], record, module.check_mode)[0]
+    module.exit_json(changed=changed, passed=passed, failures=failures, tests=tests, dcgmi_rc=rc)
 
 
 if __name__ == "__main__":

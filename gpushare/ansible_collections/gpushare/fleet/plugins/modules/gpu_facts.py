@@ -22,6 +22,17 @@ options:
     description: GPUs the environment says this host has; 0 when it has none.
     type: int
     default: 0
+  wait_for_bindings:
+    description: Do not fail for O(expected_gpus) where only the NVML Python bindings are missing (the caller
+      installs them and reads again); a host whose bindings load but whose NVML does not still fails.
+    type: bool
+    default: false
+  supported_platforms:
+    description: Fail unless the host's C(ID) or one of its C(ID_LIKE) (/etc/os-release) is in this list; empty
+      checks nothing.
+    type: list
+    elements: str
+    default: []
 """
 
 RETURN = r"""
@@ -170,10 +181,19 @@ def gather():
 
 
 def main():
-    module = AnsibleModule(argument_spec={"expected_gpus": {"type": "int", "default": 0}}, supports_check_mode=True)
+    module = AnsibleModule(argument_spec={"expected_gpus": {"type": "int", "default": 0},
+                                          "wait_for_bindings": {"type": "bool", "default": False},
+                                          "supported_platforms": {"type": "list", "elements": "str", "default": []}},
+                           supports_check_mode=True)
     facts = dict(gather(), platform=read_platform())
+    supported = module.params["supported_platforms"]
+    platform = facts["platform"]
+    if supported and not ({platform["id"], *platform["id_like"]} & set(supported)):
+        module.fail_json(msg=f"gpushare's roles support {' and '.join(supported)}-like hosts (this is "
+                         f"{platform['id'] or 'unknown'} {platform['version_id']})".rstrip(), gpu_facts=facts)
     expected = module.params["expected_gpus"]
-    if expected > 0 and not facts["nvml"]:
+    waiting = module.params["wait_for_bindings"] and not facts["bindings"]
+    if expected > 0 and not facts["nvml"] and not waiting:
         module.fail_json(msg=f"the environment says this host has {expected} GPUs, but NVML reports none: "
                          f"{facts['reason']}", gpu_facts=facts)
     module.exit_json(changed=False, ansible_facts={"gpu_facts": facts}, gpu_facts=facts)

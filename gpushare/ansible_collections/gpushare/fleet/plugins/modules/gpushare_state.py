@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpushare.fleet.plugins.module_utils.state import DEFAULT_PATH, update_state
 
 DOCUMENTATION = r"""
 module: gpushare_state
@@ -35,38 +32,13 @@ state:
 """
 
 
-def read(path):
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def write(path, data):
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".state.")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def main():
     module = AnsibleModule(
-        argument_spec={"path": {"type": "path", "default": "/var/lib/gpushare/state.json"},
+        argument_spec={"path": {"type": "path", "default": DEFAULT_PATH},
                        "update": {"type": "dict"}},
         supports_check_mode=True,
     )
-    path = module.params["path"]
-    before = read(path)
-    after = dict(before)
-    after.update(module.params["update"] or {})
-    changed = after != before or (module.params["update"] is not None and not os.path.exists(path))
-    if changed and not module.check_mode:
-        write(path, after)
+    changed, before, after = update_state(module.params["path"], module.params["update"], module.check_mode)
     module.exit_json(changed=changed, state=after, diff={"before": before, "after": after})
 
 
