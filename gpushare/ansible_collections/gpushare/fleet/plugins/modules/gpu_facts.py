@@ -27,6 +27,11 @@ options:
       installs them and reads again); a host whose bindings load but whose NVML does not still fails.
     type: bool
     default: false
+  fail_on_processes:
+    description: Fail when any GPU runs a process (compute or graphics), naming their PIDs and names; used after GPU
+      clients were stopped, before a MIG change.
+    type: bool
+    default: false
   supported_platforms:
     description: Fail unless the host's C(ID) or one of its C(ID_LIKE) (/etc/os-release) is in this list; empty
       checks nothing.
@@ -183,6 +188,7 @@ def gather():
 def main():
     module = AnsibleModule(argument_spec={"expected_gpus": {"type": "int", "default": 0},
                                           "wait_for_bindings": {"type": "bool", "default": False},
+                                          "fail_on_processes": {"type": "bool", "default": False},
                                           "supported_platforms": {"type": "list", "elements": "str", "default": []}},
                            supports_check_mode=True)
     facts = dict(gather(), platform=read_platform())
@@ -196,6 +202,12 @@ def main():
     if expected > 0 and not facts["nvml"] and not waiting:
         module.fail_json(msg=f"the environment says this host has {expected} GPUs, but NVML reports none: "
                          f"{facts['reason']}", gpu_facts=facts)
+    running = [proc for gpu in facts["gpus"] for proc in gpu["processes"]]
+    if module.params["fail_on_processes"] and running:
+        pids = ", ".join(str(pid) for pid in sorted({proc["pid"] for proc in running}))
+        names = ", ".join(sorted({proc["name"] or "?" for proc in running}))
+        module.fail_json(msg=f"GPU processes still run: PIDs {pids} ({names}); nothing on the GPUs was changed",
+                         gpu_facts=facts)
     module.exit_json(changed=False, ansible_facts={"gpu_facts": facts}, gpu_facts=facts)
 
 

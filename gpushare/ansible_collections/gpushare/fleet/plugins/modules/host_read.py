@@ -8,10 +8,10 @@ and gpushare's state file.
 
 from __future__ import annotations
 
-import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpushare.fleet.plugins.module_utils.state import read_state
 
 DOCUMENTATION = r"""
 module: host_read
@@ -82,15 +82,6 @@ def parse_units(text, names):
     for name in names:
         found.setdefault(name, {"active": None, "enabled": None, "environment": ""})
     return found
-
-
-def read_state(path):
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def run(module, argv):
