@@ -69,7 +69,7 @@ commands:
   returned: always
   type: list
 labels:
-  description: The node's labels after the call.
+  description: The node's labels after the call (empty for a drain that evicts, which does not read the node).
   returned: always
   type: dict
 unschedulable:
@@ -144,12 +144,17 @@ def main():
     p = module.params
     kubectl = Kubectl(module)
     name = p["node"]
-    node = kubectl.node(name)
+    # `kubectl drain` cordons the node itself: a drain that evicts needs neither the node read nor a cordon first
+    # (each kubectl call is a process on the controller, per host).
+    evict_only = p["drain"] and p["drain_mode"] == "evict" and not p["labels"] and p["schedulable"] is None
+    node = {} if evict_only else kubectl.node(name)
     labels = dict(node.get("metadata", {}).get("labels", {}) or {})
     unschedulable = bool(node.get("spec", {}).get("unschedulable", False))
     changed = False
 
-    if (p["drain"] or p["schedulable"] is False) and not unschedulable:
+    if evict_only:
+        unschedulable = True  # the drain below cordons first
+    elif (p["drain"] or p["schedulable"] is False) and not unschedulable:
         changed = True
         if not module.check_mode:
             kubectl.run("cordon", name, record=True)
