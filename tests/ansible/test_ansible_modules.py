@@ -30,7 +30,7 @@ def module(name: str) -> ModuleType:
     """A module's file imported here as Ansible would run it, its collection's module_utils importable by their
     fully qualified names (Ansible puts them in the module's payload)."""
     utils = LIBRARY.parent / "module_utils"
-    for path in utils.glob("*.py"):
+    for path in sorted(utils.glob("*.py")):  # files before state, which imports it
         qualified = f"ansible_collections.gpushare.fleet.plugins.module_utils.{path.stem}"
         if qualified not in sys.modules:
             util_spec = importlib.util.spec_from_file_location(qualified, path)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+
+from ansible_collections.gpushare.fleet.plugins.module_utils.files import write_if_differs
 
 DEFAULT_PATH = "/var/lib/gpushare/state.json"
 
@@ -21,13 +22,7 @@ def read_state(path):
 
 
 def write_state(path, data):
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".state.")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_if_differs(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
 def update_state(path, update, check_mode=False):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
+from ansible_collections.gpushare.fleet.plugins.module_utils.files import differs, write_if_differs
 
 DOCUMENTATION = r"""
 module: apt_source
@@ -75,23 +75,6 @@ def render(params, key_path):
     return "\n".join(lines) + "\n"
 
 
-def write_if_differs(path, data, mode=0o644):
-    try:
-        with open(path, "rb") as handle:
-            if handle.read() == data:
-                return False
-    except FileNotFoundError:
-        pass
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpushare.")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-    return True
-
-
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -135,11 +118,7 @@ def main():
                 write_if_differs(key_path, key)
     content = render(p, key_path).encode()
     if module.check_mode:
-        try:
-            with open(path, "rb") as handle:
-                changed = changed or handle.read() != content
-        except FileNotFoundError:
-            changed = True
+        changed = changed or differs(path, content)
     else:
         changed = write_if_differs(path, content) or changed
     module.exit_json(changed=changed, **result)

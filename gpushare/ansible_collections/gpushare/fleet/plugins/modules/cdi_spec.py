@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpushare.fleet.plugins.module_utils.files import differs, write_if_differs
 
 DOCUMENTATION = r"""
 module: cdi_spec
@@ -42,20 +40,8 @@ def main():
     rc, out, err = module.run_command([ctk, "--quiet", "cdi", "generate"])
     if rc != 0 or not out.strip():
         module.fail_json(msg=f"nvidia-ctk cdi generate failed (rc {rc}): {err.strip() or 'no spec printed'}", rc=rc)
-    content = out.rstrip("\n") + "\n"
-    try:
-        with open(path) as handle:
-            changed = handle.read() != content
-    except FileNotFoundError:
-        changed = True
-    if changed and not module.check_mode:
-        directory = os.path.dirname(path)
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpushare.")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+    content = (out.rstrip("\n") + "\n").encode()
+    changed = differs(path, content) if module.check_mode else write_if_differs(path, content)
     module.exit_json(changed=changed, path=path)
 
 
