@@ -156,9 +156,10 @@ def test_dcgm_diag_reports_failing_tests_per_gpu() -> None:
 # ---------------------------------------------------------------- gpu_facts on this machine (no GPU, no driver)
 
 
-def ansible_module(name: str, args: str) -> subprocess.CompletedProcess:
+def ansible_module(name: str, args: str, extra_vars: str | None = None) -> subprocess.CompletedProcess:
     bin_dir = Path(sys.executable).parent
-    return subprocess.run([str(bin_dir / "ansible"), "localhost", "-m", name, "-a", args],
+    extra = ["-e", extra_vars] if extra_vars else []
+    return subprocess.run([str(bin_dir / "ansible"), "localhost", "-m", name, "-a", args, *extra],
                           cwd=ROOT, capture_output=True, text=True,
                           env={"PATH": f"{bin_dir}:/usr/bin:/bin", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
                                "HOME": str(Path.home()), "ANSIBLE_LOCALHOST_WARNING": "False"})
@@ -172,6 +173,39 @@ def test_gpu_facts_without_nvml_reports_no_gpus_and_fails_only_when_gpus_are_exp
     expected = ansible_module("gpushare.fleet.gpu_facts", "expected_gpus=8")
     assert expected.returncode != 0
     assert "the environment says this host has 8 GPUs, but NVML reports none" in expected.stdout
+
+
+def test_gpu_facts_waits_for_missing_bindings_and_refuses_an_unsupported_platform() -> None:
+    # Debian's own python3 has no NVML bindings here: with wait_for_bindings the role installs them and reads again,
+    # so a host that has GPUs is not failed yet; without it, it is.
+    no_bindings = "ansible_python_interpreter=/usr/bin/python3"
+    if subprocess.run(["/usr/bin/python3", "-c", "import pynvml"], capture_output=True).returncode == 0:
+        pytest.skip("/usr/bin/python3 has the NVML bindings here")
+    waiting = ansible_module("gpushare.fleet.gpu_facts", "expected_gpus=8 wait_for_bindings=true", no_bindings)
+    assert waiting.returncode == 0, waiting.stdout
+    assert '"bindings": false' in waiting.stdout
+    failing = ansible_module("gpushare.fleet.gpu_facts", "expected_gpus=8", no_bindings)
+    assert failing.returncode != 0 and "cannot be imported" in failing.stdout
+    platform = ansible_module("gpushare.fleet.gpu_facts", "supported_platforms=rhel,fedora")
+    assert platform.returncode != 0
+    assert "gpushare's roles support rhel and fedora-like hosts (this is debian" in platform.stdout, platform.stdout
+    assert ansible_module("gpushare.fleet.gpu_facts", "supported_platforms=debian").returncode == 0
+
+
+def test_mig_layout_check_filter_gives_gpushare_s_verdict_without_raising() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "gpushare_test_mig_layout_check", LIBRARY.parent / "filter" / "mig_layout_check.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    check = mod.FilterModule().filters()["mig_layout_check"]
+    assert check("NVIDIA A100-SXM4-80GB", "3g.40gb=2", 580) == {"ok": True, "errors": [], "warnings": []}
+    too_many = check("NVIDIA A100-SXM4-80GB", "3g.40gb=3", "580")
+    assert too_many["ok"] is False and too_many["errors"]
+    unknown = check("NVIDIA Z9000", "1g.10gb=1", 580)
+    assert unknown["ok"] is False and unknown["errors"]
+    bad_branch = check("NVIDIA A100-SXM4-80GB", "3g.40gb=1", "R580")
+    assert bad_branch["ok"] is False and "driver branch 'R580'" in bad_branch["errors"][0]
 
 
 # ---------------------------------------------------------------- the fixtures over the NVML simulator
