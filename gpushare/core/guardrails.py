@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import posixpath
-import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -291,67 +288,87 @@ def guardrails_path() -> Path:
     return project_root() / "policies" / "guardrails.yaml"
 
 
+class GuardrailsEnvironments(Strict):
+    """A file of policies/guardrails.d/: limits of environments the main file does not name (`gpushare import`
+    writes one per adopted cluster, so it never edits policies/guardrails.yaml)."""
+
+    environments: dict[str, EnvironmentGuardrails] = Field(min_length=1)
+
+
+FRAGMENTS_DIR = "guardrails.d"
+
+
+def fragment_paths(path: Path) -> list[Path]:
+    """The environment files beside the guardrails file (policies/guardrails.d/*.yaml), in name order."""
+    folder = path.parent / FRAGMENTS_DIR
+    return sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+
+
 @cache
-def _load(path: Path) -> Guardrails:
-    return load_model(path, Guardrails, "Guardrails", "guardrails file", "policies/guardrails.yaml")[0]
+def _load(path: Path, fragments: tuple[tuple[Path, float], ...]) -> Guardrails:
+    main = load_model(path, Guardrails, "Guardrails", "guardrails file", "policies/guardrails.yaml")[0]
+    merged = dict(main.environments)
+    origin = {env: path.name for env in merged}
+    names = [c.name for c in main.memory_classes]
+    problems: list[Problem] = []
+    for fragment, _ in fragments:
+        loaded, doc = load_model(fragment, GuardrailsEnvironments, "Guardrails", "guardrails file",
+                                 "a file gpushare import wrote in policies/guardrails.d/")
+        for env, limits in loaded.environments.items():
+            if env in merged:
+                problems.append(doc.problem(("environments", env), f"environment {env!r} has limits in "
+                                            f"{origin[env]} already", "keep one set of limits per environment: "
+                                            "remove this one"))
+                continue
+            elif set(limits.max_shared_replicas) != set(names):
+                problems.append(doc.problem(("environments", env, "max_shared_replicas"), "max_shared_replicas "
+                                            f"must give every memory class ({', '.join(names)})",
+                                            "add the missing classes or remove unknown ones"))
+            merged[env] = limits
+            origin[env] = f"{FRAGMENTS_DIR}/{fragment.name}"
+    for fragment, _ in fragments:
+        for env, limits in load_model(fragment, GuardrailsEnvironments, "Guardrails", "guardrails file", "")[0
+                                      ].environments.items():
+            if limits.promote_from is not None and limits.promote_from not in merged:
+                problems.append(Problem(f"environments.{env}.promote_from names unknown environment "
+                                        f"{limits.promote_from!r}", file=str(fragment),
+                                        path=f"environments.{env}.promote_from",
+                                        fix=f"use one of: {', '.join(merged)}"))
+    if problems:
+        raise GpushareError(problems)
+    return main.model_copy(update={"environments": merged}) if fragments else main
 
 
 def load_guardrails(path: Path | None = None) -> Guardrails:
+    """policies/guardrails.yaml with the environments of policies/guardrails.d/*.yaml added (each environment's
+    limits in one file only)."""
     path = path or guardrails_path()
     check_inside_workspace(path, "guardrails file")  # before resolve(): the cache is keyed by the real path
-    return _load(path.resolve())
+    real = path.resolve()
+    # Keyed by the fragments and their times too: an import adds one, and a later check in the same process sees it.
+    fragments = tuple((f.resolve(), f.stat().st_mtime) for f in fragment_paths(path.absolute()))
+    return _load(real, fragments)
 
 
 # ---------------------------------------------------------------- the base of a change
-
-_MAX_LINKS = 8  # symbolic links followed inside the Git tree (this checkout links guardrails.yaml into the package)
-
-
-def _git(top: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(["git", "-C", str(top), *args], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise GpushareError(Problem(f"--base needs Git, which cannot run here: {exc}", path="--base",
-                                    fix="install git, or leave --base out"), exit_code=2) from None
-
-
-def _base_problem(message: str, fix: str) -> GpushareError:
-    return GpushareError(Problem(message, path="--base", fix=fix), exit_code=2)
 
 
 def guardrails_text_at(ref: str, path: Path | None = None) -> tuple[str, str] | None:
     """(where, text) of policies/guardrails.yaml as Git has it at revision `ref`, symbolic links inside the tree
     followed; None where the file did not exist there."""
+    from gpushare.core.revision import Revision
+
     path = path or guardrails_path()
-    if not ref or ref.startswith("-"):
-        raise _base_problem(f"--base {ref[:60]!r} is not a Git revision", "give the branch the change merges into, "
-                            "e.g. --base origin/main")
-    folder = path.absolute().parent
-    found = _git(folder, "rev-parse", "--show-toplevel")
-    if found.returncode != 0:
-        raise _base_problem(f"{folder} is not in a Git work tree, so there is no base to compare with",
-                            "run check in the workspace's Git checkout, or leave --base out")
-    top = Path(found.stdout.strip())
-    if _git(top, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
-        raise _base_problem(f"--base {ref[:60]!r} names no commit of {top}",
-                            "fetch the base branch first (git fetch origin main) and name it, e.g. --base origin/main")
-    try:
-        rel = Path(os.path.normpath(path.absolute())).relative_to(top.resolve()).as_posix()
-    except ValueError:
-        raise _base_problem(f"{path} is not inside the Git work tree {top}", "keep policies/ in the repository"
-                            ) from None
-    for _ in range(_MAX_LINKS):
-        entry = _git(top, "ls-tree", "-z", ref, "--", rel).stdout.split("\0")[0]
-        if not entry:
-            return None
-        mode, _, _ = entry.partition(" ")
-        blob = _git(top, "cat-file", "blob", f"{ref}:{rel}").stdout
-        if mode != "120000":
-            return f"{ref}:{rel}", blob
-        rel = posixpath.normpath(posixpath.join(posixpath.dirname(rel), blob))
-        if rel.startswith("../") or posixpath.isabs(rel):
-            raise _base_problem(f"{path} at {ref} is a link out of the repository", "keep policies/ in the repository")
-    raise _base_problem(f"{path} at {ref} is a chain of more than {_MAX_LINKS} links", "link it directly")
+    revision = Revision.of(ref, path.absolute().parent)
+    rel = revision.relative(path)
+    if rel is None:
+        raise GpushareError(Problem(f"{path} is not inside the Git work tree {revision.top}", path="--base",
+                                    fix="keep policies/ in the repository"), exit_code=2)
+    found = revision.resolve(rel)
+    text = revision.read(rel)
+    if found is None or text is None:
+        return None
+    return f"{ref}:{found[2]}", text
 
 
 def non_waivable_at(ref: str, environment: str, path: Path | None = None) -> tuple[str, ...]:

@@ -25,20 +25,22 @@ WORKLOAD_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 RUNTIME_CLASSES = ("nvidia",)
 
 
-def pod_security_labels(level: str, kubernetes_version: str) -> dict[str, str]:
+def pod_security_labels(level: str, kubernetes_version: str, enforce: bool = True) -> dict[str, str]:
     """Pod Security Admission labels: one level for enforce, audit and warn, pinned to the cluster's minor so an
-    upgrade does not change what is admitted unseen."""
+    upgrade does not change what is admitted unseen. Without `enforce` (an adopted cluster's first step, as
+    Kubernetes recommends for turning Pod Security on) only audit and warn: the namespace's own enforce label, if
+    any, stays."""
     version = f"v{kubernetes_version}"
     out: dict[str, str] = {}
-    for mode in POD_SECURITY_MODES:
+    for mode in POD_SECURITY_MODES if enforce else POD_SECURITY_MODES[1:]:
         out[f"{POD_SECURITY_PREFIX}{mode}"] = level
         out[f"{POD_SECURITY_PREFIX}{mode}-version"] = version
     return out
 
 
 def tenant_namespace_labels(tenant: str, trust: str, priority: str, pod_security: str,
-                            kubernetes_version: str) -> dict[str, str]:
+                            kubernetes_version: str, enforce: bool = True) -> dict[str, str]:
     """The labels the tenancy component puts on a tenant namespace, which the policies above read. Never DRA's
     admin-access label."""
     return {TENANT_LABEL: tenant, TRUST_LABEL: trust, PRIORITY_LABEL: priority,
-            **pod_security_labels(pod_security, kubernetes_version)}
+            **pod_security_labels(pod_security, kubernetes_version, enforce)}

@@ -129,6 +129,7 @@ class ResolvedTenant:
     quota: dict[str, int]
     borrowing_limit: dict[str, int]
     pod_security: str  # the Pod Security level enforced on the tenant's namespace
+    quota_name: str | None = None  # the namespace's own ResourceQuota gpushare takes over (None: its own)
 
 
 @dataclass
@@ -516,7 +517,10 @@ class _Resolver:
         # Every node whose GPUs are shared without hardware isolation is tainted, so that only pods tolerating it
         # land there: trusted tenants' queued work (the pool's ResourceFlavor carries the toleration), never an
         # untrusted tenant's (admission refuses it the toleration), GPU pod or not.
-        if kind in ("time-slicing", "mps", "mig-time-slicing") and SHARED_GPU_TAINT not in taints:
+        # An adopted cluster's running pods do not tolerate it yet: it waits for adoption.shared_gpu_taint.
+        adoption = self.env.adoption
+        if kind in ("time-slicing", "mps", "mig-time-slicing") and SHARED_GPU_TAINT not in taints \
+                and (adoption is None or adoption.shared_gpu_taint):
             taints.append(SHARED_GPU_TAINT)
 
         return ResolvedNode(
@@ -685,7 +689,7 @@ class _Resolver:
                              "add the resource to quota (0 is allowed) or remove the borrowing limit")
             out.append(ResolvedTenant(name=t.name, namespace=t.namespace, trust=t.trust, priority=t.priority,
                                       clusters=used, quota=dict(t.quota), borrowing_limit=dict(t.borrowing_limit),
-                                      pod_security=t.pod_security_level))
+                                      pod_security=t.pod_security_level, quota_name=t.quota_name))
         return out
 
 

@@ -8,6 +8,7 @@ import difflib
 import ipaddress
 import re
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -527,6 +528,11 @@ class Tenant(Strict):
         "untrusted tenants (and never less), baseline by default for trusted ones; privileged is never allowed."
     )
 
+    quota_name: DnsName | None = Field(
+        None, description="The namespace's existing ResourceQuota gpushare takes over in place (its GPU limits; "
+        "other limits in it stay the cluster's), instead of adding gpushare-gpu-quota beside it. `gpushare import` "
+        "sets it where the namespace has one GPU quota.")
+
     @field_validator("namespace")
     @classmethod
     def _not_a_system_namespace(cls, namespace: str) -> str:
@@ -552,9 +558,54 @@ class Tenant(Strict):
         return "restricted" if self.trust == "untrusted" else "baseline"
 
 
+class Adoption(Strict):
+    """A cluster gpushare adopted while it runs (`gpushare import` writes this block): which of gpushare's guards are
+    still staged, so the first rollout keeps what runs. Each field moves to its strict value in a reviewed change of
+    its own once `gpushare diff` shows no running workload it would break (docs/adoption.md); with every field strict
+    the block can go."""
+
+    imported: Annotated[date, Field(strict=False)] | None = Field(
+        None, description="The day `gpushare import` read the cluster.")
+    admission: Literal["warn", "deny"] = Field(
+        "warn", description="gpushare's ValidatingAdmissionPolicies: warn binds them with [Warn, Audit] (the API "
+        "server admits and warns, the audit log records), deny with [Deny]. Untrusted tenants need deny.")
+    pod_security: Literal["warn", "enforce"] = Field(
+        "warn", description="Tenant namespaces' Pod Security labels: warn sets the warn and audit modes only (a "
+        "namespace's own enforce label stays as it is), enforce sets enforce too.")
+    shared_gpu_taint: bool = Field(
+        False, description="Taint nodes whose GPUs are shared without hardware isolation with gpushare.io/shared-gpu "
+        "(NoSchedule). Running pods do not tolerate it: turn it on once workloads queue through Kueue, whose "
+        "flavors carry the toleration.")
+    host_defaults: bool = Field(
+        False, description="gpushare's namespace limits: its LimitRange (per-container CPU and memory defaults and "
+        "maximums) in tenant namespaces, and 0 in an adopted quota (quota_name) for every GPU resource it never "
+        "named; off, the namespaces keep their own limits and what their quota never limited stays unlimited.")
+
+    @property
+    def strict(self) -> bool:
+        return self.admission == "deny" and self.pod_security == "enforce" and self.shared_gpu_taint \
+            and self.host_defaults
+
+    def staged(self) -> list[tuple[str, str]]:
+        """(field, what it leaves out) for each guard not yet at its strict value."""
+        out = []
+        if self.admission != "deny":
+            out.append(("admission", "gpushare's admission policies warn and audit instead of refusing"))
+        if self.pod_security != "enforce":
+            out.append(("pod_security", "tenant namespaces' Pod Security level warns and audits, enforces nothing"))
+        if not self.shared_gpu_taint:
+            out.append(("shared_gpu_taint", "time-sliced and MPS nodes carry no gpushare.io/shared-gpu taint"))
+        if not self.host_defaults:
+            out.append(("host_defaults", "tenant namespaces get no gpushare LimitRange"))
+        return out
+
+
 class Environment(Strict):
     name: DnsName
     description: Description = ""
+    adoption: Adoption | None = Field(
+        None, description="Staged guards of a cluster adopted while it runs (docs/adoption.md); absent: every guard "
+        "enforced.")
     defaults: Defaults
     clusters: list[Cluster] = Field(min_length=1)
     pools: list[Pool] = Field(min_length=1)

@@ -205,6 +205,7 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
     kubernetes_version = fleet.clusters[cluster].kubernetes_version
     objects = result.objects
     policy = guardrails.tenancy
+    adoption = fleet.env.adoption
 
     for priority, name in PRIORITY_CLASSES.items():
         pc = policy.priority_classes[priority]  # type: ignore[index]
@@ -236,19 +237,24 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
         objects.append(_cluster_queue(f"tenant-{t.name}", groups, placement.get(t.name, {}),
                                       {"gpushare.io/tenant": t.name}, {"matchLabels": {"gpushare.io/tenant": t.name}}))
         labels = {**MANAGED, **tenant_namespace_labels(t.name, t.trust, t.priority, t.pod_security,
-                                                       kubernetes_version)}
+                                                       kubernetes_version, enforce=adoption is None
+                                                       or adoption.pod_security == "enforce")}
         objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": t.namespace, "labels": labels}})
         objects.append({"apiVersion": "v1", "kind": "ResourceQuota",
-                        "metadata": {"name": QUOTA_NAME, "namespace": t.namespace, "labels": MANAGED},
-                        "spec": {"hard": {**{f"requests.{r}": str(n) for r, n in share.quota_limit.items()},
+                        "metadata": {"name": t.quota_name or QUOTA_NAME, "namespace": t.namespace,
+                                     "labels": MANAGED},
+                        "spec": {"hard": {**{f"requests.{r}": str(n) for r, n in _quota_limits(fleet, t, share)
+                                             .items()},
                                           **dra.dra_quota_resources(fleet, cluster, t, share.quota_limit)}}})
         d = policy.container_defaults
-        objects.append({"apiVersion": "v1", "kind": "LimitRange",
-                        "metadata": {"name": LIMIT_RANGE_NAME, "namespace": t.namespace, "labels": MANAGED},
-                        "spec": {"limits": [{"type": "Container",
-                                             "defaultRequest": {"cpu": d.request.cpu, "memory": d.request.memory},
-                                             "default": {"cpu": d.limit.cpu, "memory": d.limit.memory},
-                                             "max": {"cpu": d.max.cpu, "memory": d.max.memory}}]}})
+        if adoption is None or adoption.host_defaults:
+            objects.append({"apiVersion": "v1", "kind": "LimitRange",
+                            "metadata": {"name": LIMIT_RANGE_NAME, "namespace": t.namespace, "labels": MANAGED},
+                            "spec": {"limits": [{"type": "Container",
+                                                 "defaultRequest": {"cpu": d.request.cpu,
+                                                                    "memory": d.request.memory},
+                                                 "default": {"cpu": d.limit.cpu, "memory": d.limit.memory},
+                                                 "max": {"cpu": d.max.cpu, "memory": d.max.memory}}]}})
         objects.append({"apiVersion": KUEUE_API, "kind": "LocalQueue",
                         "metadata": {"name": LOCAL_QUEUE, "namespace": t.namespace, "labels": MANAGED},
                         "spec": {"clusterQueue": f"tenant-{t.name}"}})
@@ -263,6 +269,18 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
     if limits is None or limits.quota_above_capacity == "warning":
         result.warnings.extend(p.message for p in result.over_capacity)
     return result
+
+
+def _quota_limits(fleet: ResolvedFleet, tenant: ResolvedTenant, share: TenantShare) -> dict[str, int]:
+    """The GPU limits of a tenant's ResourceQuota. Every resource the cluster advertises, 0 where the tenant has
+    none (a resource missing from a quota is unlimited), except in a quota adopted in place while the cluster is
+    being adopted: there the resources the quota never named stay unlimited, as they were, until
+    adoption.host_defaults (the step that brings gpushare's namespace limits) is taken."""
+    adoption = fleet.env.adoption
+    if tenant.quota_name is None or adoption is None or adoption.host_defaults:
+        return share.quota_limit
+    named = set(tenant.quota) | set(tenant.borrowing_limit)
+    return {r: n for r, n in share.quota_limit.items() if r in named}
 
 
 def _over_capacity(fleet: ResolvedFleet, cluster: str, flavors: list[Flavor], shares: list[TenantShare]

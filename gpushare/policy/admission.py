@@ -849,7 +849,16 @@ def _policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
             "metadata": {"name": name, "labels": dict(MANAGED)}, "spec": spec}
 
 
-def _binding(name: str, policy: str, actions: list[str], match: dict[str, Any] | None) -> dict[str, Any]:
+def staged_actions(actions: list[str], enforcement: str) -> list[str]:
+    """A binding's validationActions under an environment's admission stage: `warn` (an adopted cluster's first
+    step) turns Deny into Warn and Audit, so running work is admitted and each would-be denial is seen by the client
+    and recorded in the audit log; `deny` keeps them."""
+    if enforcement == "deny" or "Deny" not in actions:
+        return list(actions)
+    return ["Warn", "Audit"]
+
+
+def _bound(name: str, policy: str, actions: list[str], match: dict[str, Any] | None) -> dict[str, Any]:
     spec: dict[str, Any] = {"policyName": policy, "validationActions": actions}
     if match is not None:
         spec["matchResources"] = match
@@ -890,14 +899,19 @@ _DATA_RULES = [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configm
 
 def admission_objects(deployer: Deployer | None = None, system_namespaces: tuple[str, ...] = (),
                       dra: DraClaims | None = None, pools: PoolTaints | None = None,
-                      kueue: str | None = None) -> list[dict[str, Any]]:
+                      kueue: str | None = None, enforcement: str = "deny") -> list[dict[str, Any]]:
     """The ValidatingAdmissionPolicy and binding objects, as Kubernetes manifests. `system_namespaces` adds the
     namespaces a stack deploys infrastructure into (operator, Kueue, monitoring) to those never selected; `dra`
     (DRA clusters only) the claim templates tenants may reference; `pools` the cluster's pool taints (pool_taints;
-    none by default); `kueue` the user name of Kueue's controller (kueue_user; the installed chart's by default)."""
+    none by default); `kueue` the user name of Kueue's controller (kueue_user; the installed chart's by default);
+    `enforcement` the environment's admission stage (`warn` on an adopted cluster: staged_actions)."""
     deployer = deployer or Deployer()
     excluded = excluded_namespaces(system_namespaces)
     out: list[dict[str, Any]] = []
+
+    def _binding(name: str, policy: str, actions: list[str], match: dict[str, Any] | None) -> dict[str, Any]:
+        return _bound(name, policy, staged_actions(actions, enforcement), match)
+
     for name, policy in workload_policies(dra, pools, kueue).items():
         out.append(_policy(name, {
             "failurePolicy": "Fail",

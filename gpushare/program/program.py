@@ -51,7 +51,8 @@ def plan_cluster(fleet: ResolvedFleet, cluster: spec.Cluster, stack: StackConfig
         node_pool_inputs(args)
     nvidia = NvidiaStackArgs(
         fleet=fleet, cluster=cluster, monitoring_release=monitoring.release,
-        kept_device_plugin_configs=ov.kept_for_cluster(kept, cluster), site_values=stack.operator_values,
+        kept_device_plugin_configs=ov.kept_for_cluster(kept, cluster, stack.adopted_configs),
+        site_values=stack.operator_values,
         protect=stack.protect, gke_driver_installer=gke.driver_installer_manifest if gke else None, charts=charts)
     prepare(nvidia)
     monitoring_args = mon.MonitoringArgs(fleet=fleet, cluster=cluster, settings=monitoring, guardrails=guardrails,

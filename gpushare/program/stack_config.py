@@ -112,6 +112,10 @@ class KeptConfig(_Settings):
 
     name: str
     file: str
+    adopted: bool = Field(
+        False, description="A config the cluster ran before `gpushare import`, kept under its own name (no content "
+        "hash) exactly as the cluster had it, because nodes still name it until their rollout batch relabels them; "
+        "the rollout's prune step removes it once none does.")
 
 
 class StackConfig(_Settings):
@@ -133,6 +137,11 @@ class StackConfig(_Settings):
     skip_await: bool = Field(
         False, description="Helm releases do not wait for their workloads to become ready: only for clusters whose "
         "nodes run no containers (the test control plane's kwok nodes).")
+
+    @property
+    def adopted_configs(self) -> frozenset[str]:
+        """The kept configs that are the cluster's own from before the import."""
+        return frozenset(e.name for e in self.keep_device_plugin_configs if isinstance(e, KeptConfig) and e.adopted)
 
     def charts(self, root: Path) -> ChartSource:
         return ChartSource({k: str(root / v) for k, v in self.local_charts.items()}, self.skip_await)

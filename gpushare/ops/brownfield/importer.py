@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -345,14 +346,44 @@ class _Importer:
         return {"name": self.env, "kind": "bare-metal", "kubernetes_version": kubernetes_minor(nodes),
                 "mig_strategy": self.strategy, "cdi": bool(cdi)}
 
-    def toolkit_version(self) -> str:
+    def toolkit_version(self, floor: str | None = None) -> str:
+        """The toolkit the cluster runs; below the guardrails' CVE floor (a rule no waiver covers), the floor: the
+        first rollout's remediation, said in the report."""
+        from gpushare.core.spec import version_tuple
+
         text = str((self.spec.get("toolkit") or {}).get("version", ""))
         found = re.match(r"v?(\d+\.\d+\.\d+)", text)
         if found is None:
             self.note(self.cp_name, "spec.toolkit.version", f"no toolkit version; imported as {FALLBACK_TOOLKIT} "
                       "(`gpushare check` judges it against the CVE floor)")
-            return FALLBACK_TOOLKIT
-        return found.group(1)
+            version = FALLBACK_TOOLKIT
+        else:
+            version = found.group(1)
+        if floor and version_tuple(version) < version_tuple(floor):
+            self.note(self.cp_name, "spec.toolkit.version", f"REMEDIATION: the cluster runs toolkit {version}, "
+                      f"below the CVE floor {floor} (toolkit-cve-floor, which no waiver may cover); imported as "
+                      f"{floor}: the first rollout upgrades it on every host (Ansible, host by host behind the "
+                      "canary gates; running containers keep the runtime they started with)")
+            return floor
+        return version
+
+    def monitoring(self) -> dict[str, Any]:
+        """The Pulumi stack's monitoring: a Prometheus stack the cluster runs (dcgm-exporter's ServiceMonitor on in
+        the ClusterPolicy, or prometheus-operator objects in the dump) is reused, never installed twice."""
+        exporter = self.spec.get("dcgmExporter") or {}
+        monitor = exporter.get("serviceMonitor") or {}
+        kinds = {what.split("/")[0] for what, _ in self.state.unknown}
+        if monitor.get("enabled") is True or kinds & {"Prometheus", "ServiceMonitor", "PodMonitor",
+                                                       "PrometheusRule"}:
+            release = str((monitor.get("additionalLabels") or {}).get("release") or "kube-prometheus-stack")
+            self.note(self.cp_name, "spec.dcgmExporter.serviceMonitor", f"a Prometheus stack runs (release label "
+                      f"{release!r}): reused (gpushare:monitoring mode existing), never installed beside it; check "
+                      f"the release and namespace in the stack file")
+            return {"mode": "existing", "release": release, "namespace": "monitoring"}
+        return {"mode": "install", "release": "kube-prometheus-stack", "namespace": "monitoring"}
+
+    def kueue_runs(self) -> bool:
+        return any(self.state.of(kind) for kind in ("ClusterQueue", "LocalQueue", "ResourceFlavor"))
 
     def tenants(self, advertised: set[str]) -> list[dict[str, Any]]:
         out = []
@@ -366,14 +397,48 @@ class _Importer:
                 self.note(f"Namespace/{namespace}", "metadata.name", "no GPU quota on an imported resource, or not a "
                           "DNS label: no tenant made")
                 continue
-            self.note(f"Namespace/{namespace}", "trust", "the cluster does not say whether this team is trusted; "
-                      "imported as untrusted (the safe default): set trust: trusted where it is")
-            tenant: dict[str, Any] = {"name": namespace, "namespace": namespace, "trust": "untrusted",
+            self.note(f"Namespace/{namespace}", "trust", "imported as trusted, as the cluster treats the team today "
+                      "(any of its pods may use any GPU): untrusted (hardware-isolated GPUs only, admission "
+                      "enforced) is a later, reviewed step (docs/adoption.md)")
+            tenant: dict[str, Any] = {"name": namespace, "namespace": namespace, "trust": "trusted",
                                       "priority": "batch", "quota": quota}
             if borrowing:
                 tenant["borrowing_limit"] = borrowing
+            level = self.pod_security_level(namespace)
+            if level:
+                tenant["pod_security"] = level
+            quota_name = self.gpu_quota_name(namespace)
+            if quota_name:
+                tenant["quota_name"] = quota_name
             out.append(tenant)
         return out
+
+    def pod_security_level(self, namespace: str) -> str | None:
+        """The Pod Security level the namespace enforces today, where gpushare can keep it (restricted, baseline);
+        none or privileged: gpushare's default for a trusted tenant (baseline), staged by adoption.pod_security."""
+        for ns in self.state.of("Namespace"):
+            if name_of(ns) == namespace:
+                level = labels_of(ns).get("pod-security.kubernetes.io/enforce")
+                if level in ("restricted", "baseline"):
+                    return level
+                if level is not None:
+                    self.note(f"Namespace/{namespace}", "labels[pod-security.kubernetes.io/enforce]",
+                              f"{level!r}: gpushare never sets privileged; its baseline warns and audits until "
+                              "adoption.pod_security is enforce, which the running pods must meet first")
+        return None
+
+    def gpu_quota_name(self, namespace: str) -> str | None:
+        """The namespace's one ResourceQuota with GPU limits, which gpushare takes over in place (never a second
+        quota beside it); None where there is none or several (noted)."""
+        found = [name_of(q) for q in self.state.of("ResourceQuota")
+                 if (q.get("metadata") or {}).get("namespace") == namespace
+                 and gpu_resources((q.get("spec") or {}).get("hard") or {})]
+        if len(found) > 1:
+            self.note(f"Namespace/{namespace}", "ResourceQuota", f"{len(found)} quotas hold GPU limits "
+                      f"({', '.join(sorted(found))}): gpushare adds gpushare-gpu-quota with their sum; merge them "
+                      "into one and set the tenant's quota_name to keep it")
+            return None
+        return found[0] if found else None
 
     def namespace_quota(self, namespace: str) -> tuple[dict[str, int], dict[str, int]]:
         """Kueue's nominal quota and borrowing limit where a LocalQueue serves the namespace, else the
@@ -458,10 +523,13 @@ class _Importer:
 
 
 def import_cluster(state: ClusterState, env: str, existing: dict[str, Any] | None = None,
-                   context: str | None = None) -> ImportResult:
+                   context: str | None = None, toolkit_floor: str | None = None,
+                   today: date | None = None) -> ImportResult:
     """The workspace files (environment, profiles, Pulumi stack) that reproduce the cluster. `existing`: the
     workspace's profiles by name; an imported profile equal to one of them is reused, never overwritten.
-    `context`: the kubeconfig context the cluster was read through, written on the cluster."""
+    `context`: the kubeconfig context the cluster was read through, written on the cluster. `toolkit_floor`: the
+    guardrails' CVE floor, which an older toolkit is raised to (reported). The environment is an adopted one
+    (its `adoption:` block stages admission, Pod Security, the shared-GPU taint and host defaults)."""
     imp = _Importer(state, env)
     gpu_nodes = state.gpu_nodes()
     nodes = [n for n in (imp.node(node) for node in gpu_nodes) if n is not None]
@@ -474,20 +542,32 @@ def import_cluster(state: ClusterState, env: str, existing: dict[str, Any] | Non
     advertised = {r for n in nodes for r in imp.advertised(n.profile, n.model)}
     reused = _settle_names(imp, nodes, existing or {})
     driver = Counter(n.driver for n in nodes).most_common(1)[0][0] if nodes else FALLBACK_DRIVER
-    toolkit = imp.toolkit_version()
+    toolkit = imp.toolkit_version(toolkit_floor)
     imp.leftovers({n.device_plugin_config for n in nodes if n.device_plugin_config},
                   {n.mig_config for n in nodes if n.mig_config}, driver, toolkit)
     pools = _pools(nodes, imp.profiles, env, driver)
+    # The device-plugin configs nodes name today, kept in gpushare's ConfigMap under their own names until each
+    # node's rollout batch relabels it (the rollout's prune step drops them after the last batch).
+    adopted = {name: f"imports/{env}-configs/{name}.yaml"
+               for name in sorted({n.device_plugin_config for n in nodes if n.device_plugin_config})
+               if name in imp.dp_source.configs}
     cluster = imp.cluster(gpu_nodes)
     if context:
         cluster["kubeconfig_context"] = context
     environment: dict[str, Any] = {
         "apiVersion": "gpushare.io/v1", "kind": "Environment", "name": env,
         "description": f"Imported from a running cluster ({state.source}); review before the first rollout.",
+        # Every guard that would change what runs is staged; each moves in a reviewed step (docs/adoption.md).
+        "adoption": {"imported": (today or date.today()).isoformat(), "admission": "warn", "pod_security": "warn",
+                     "shared_gpu_taint": False, "host_defaults": False},
         "defaults": {"driver_branch": driver, "toolkit_version": toolkit},
         "clusters": [cluster], "pools": pools, "tenants": imp.tenants(advertised)}
     files = {f"environments/{env}.yaml": _environment_text(environment, imp.unsupported, state.source),
-             f"Pulumi.{env}.yaml": _stack_text(env)}
+             f"Pulumi.{env}.yaml": _stack_text(env, imp.monitoring(), imp.kueue_runs(), adopted)}
+    for name, rel in adopted.items():
+        files[rel] = (f"# {name} of ConfigMap {imp.dp_source.configmap}, as the cluster ran it when `gpushare import` "
+                      "read it:\n# kept under this name until no node names it (docs/adoption.md).\n"
+                      + _dump(imp.dp_source.configs[name]))
     for name, profile in sorted(imp.profiles.items()):
         if name in reused:
             continue
@@ -565,10 +645,22 @@ def _environment_text(environment: dict[str, Any], unsupported: list[Unsupported
     return "\n".join(lines) + "\n" + _dump(environment)
 
 
-def _stack_text(env: str) -> str:
-    return ("config:\n  # The fleet this stack makes true (written by `gpushare import`).\n"
-            f"  gpushare:environment: environments/{env}.yaml\n  gpushare:monitoring:\n    mode: install\n"
-            "    release: kube-prometheus-stack\n    namespace: monitoring\n")
+def _stack_text(env: str, monitoring: dict[str, Any], kueue_runs: bool, adopted: dict[str, str]) -> str:
+    text = ("config:\n  # The fleet this stack makes true (written by `gpushare import`).\n"
+            f"  gpushare:environment: environments/{env}.yaml\n"
+            f"  # {'The cluster runs a Prometheus stack: reused.' if monitoring['mode'] == 'existing' else ''}\n"
+            f"  gpushare:monitoring:\n    mode: {monitoring['mode']}\n"
+            f"    release: {monitoring['release']}\n    namespace: {monitoring['namespace']}\n")
+    if kueue_runs:
+        text += "  # The cluster runs Kueue: gpushare adds its queues, never a second Kueue.\n" \
+                "  gpushare:kueue:\n    mode: existing\n"
+    if adopted:
+        text += ("  # The cluster's device-plugin configs its nodes name today, kept under their names until the\n"
+                 "  # rollout has relabelled every node (its prune step removes this list).\n"
+                 "  gpushare:keepDevicePluginConfigs:\n")
+        text += "".join(f"    - name: {name}\n      file: {rel}\n      adopted: true\n"
+                        for name, rel in adopted.items())
+    return text.replace("  # \n", "")
 
 
 def still_needed(workspace: Path, fleet: ResolvedFleet) -> list[str]:

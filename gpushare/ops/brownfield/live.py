@@ -3,6 +3,8 @@ dumps hold, as `kubectl get -o yaml` would show them. Only list calls: it never 
 
 from __future__ import annotations
 
+import math
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,28 +31,82 @@ CALL_SECONDS = 120.0
 TOTAL_SECONDS = 300.0
 
 
+# Answers the API server asks to have retried (API Priority and Fairness sends both under load): 429 Too Many
+# Requests always, 503 Service Unavailable only with a Retry-After. Each wait is the Retry-After's seconds (1 s where
+# it is absent or unparsable, at least 0.1 s so that a 0 does not spin, at most 10 s) and counts against the bounds
+# above: a retry whose wait would not end within them is not made, and the read stops.
+RETRY_DEFAULT_SECONDS = 1.0
+RETRY_MIN_SECONDS = 0.1
+RETRY_MAX_SECONDS = 10.0
+
+
 class _CallTimedOut(Exception):
     """A list call that outlasted its own bound (the whole read's bound is TimeoutError)."""
 
 
-class _Clock:
-    """The request timeout for the next call: its own bound, cut to what is left of the whole read's."""
+class _Throttled(Exception):
+    """The API server kept answering a list call with 429 (or 503 with a Retry-After) until the next wait would
+    pass a bound."""
 
-    def __init__(self, total: float) -> None:
+    def __init__(self, answers: list[str], seconds: float, wait: float, whole: bool) -> None:
+        super().__init__(answers[-1])
+        self.answers, self.seconds, self.wait, self.whole = answers, seconds, wait, whole
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """The seconds to wait before retrying the call that raised `exc`, or None where it is not to be retried."""
+    status = getattr(exc, "status", None)
+    headers = getattr(exc, "headers", None) or {}
+    value = next((v for k, v in headers.items() if str(k).lower() == "retry-after"), None)
+    if status != 429 and (status != 503 or value is None):
+        return None
+    try:
+        seconds = float(str(value))
+    except ValueError:  # absent, or not a number
+        return RETRY_DEFAULT_SECONDS
+    if not math.isfinite(seconds) or seconds < 0:  # `nan`, `inf`, `-1`: not seconds
+        return RETRY_DEFAULT_SECONDS
+    return min(max(seconds, RETRY_MIN_SECONDS), RETRY_MAX_SECONDS)
+
+
+class _Clock:
+    """Each list call within its own bound, cut to what is left of the whole read's, retries included."""
+
+    def __init__(self, total: float, api_error: type[Exception], say: Callable[[str], None]) -> None:
         self.deadline = time.monotonic() + total
         self.total = total
+        self.api_error = api_error
+        self.say = say
 
-    def timeout(self) -> tuple[float, float]:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        return min(CONNECT_SECONDS, left), min(CALL_SECONDS, left)
+    def call(self, api: Any, what: str, call: Callable[..., Any], *args: Any) -> Any:
+        """`call(*args)`, retried while the API server asks for it (429, or 503 with a Retry-After) after the wait
+        it asks for; the attempts and the waits between them all within the call's bound and the whole read's."""
+        started = time.monotonic()
+        deadline = min(started + CALL_SECONDS, self.deadline)
+        answers: list[str] = []
+        while True:
+            try:
+                return self._once(api, deadline, call, *args)
+            except self.api_error as exc:
+                wait = _retry_after(exc)
+                if wait is None:
+                    raise
+                answers.append(f"{getattr(exc, 'status', '')} {getattr(exc, 'reason', '') or ''}".strip())
+                now = time.monotonic()
+                if now + wait >= deadline:
+                    raise _Throttled(answers, now - started, wait, deadline >= self.deadline) from None
+                self.say(f"gpushare: the API server answered {answers[-1]} to {what}; waiting {wait:g} s before "
+                         f"retry {len(answers)}")
+                time.sleep(wait)
 
-    def call(self, api: Any, call: Callable[..., Any], *args: Any) -> Any:
-        """`call(*args)` within its bound in total. The client's read timeout bounds each wait for bytes, so a
+    def _once(self, api: Any, deadline: float, call: Callable[..., Any], *args: Any) -> Any:
+        """`call(*args)` once, ending by `deadline`. The client's read timeout bounds each wait for bytes, so a
         server that trickles an answer would hold a call for as long as it likes: the call runs in a thread, and
         past its bound the client's connections are closed (which ends that thread's read) and it times out."""
-        timeout = self.timeout()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError if time.monotonic() >= self.deadline else _CallTimedOut
+        timeout = (min(CONNECT_SECONDS, left), left)
         outcome: dict[str, Any] = {}
 
         def run() -> None:
@@ -70,7 +126,13 @@ class _Clock:
         return outcome["value"]
 
 
-def read_live(kubeconfig: Path, context: str | None, total: float = TOTAL_SECONDS) -> ClusterState:
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def read_live(kubeconfig: Path, context: str | None, total: float = TOTAL_SECONDS,
+              say: Callable[[str], None] = _to_stderr) -> ClusterState:
+    """The cluster's objects, read by list calls within the bounds above; `say` hears each retry (stderr)."""
     try:
         from kubernetes import client, config
         from kubernetes.client.exceptions import ApiException
@@ -100,16 +162,16 @@ def read_live(kubeconfig: Path, context: str | None, total: float = TOTAL_SECOND
     typed = ((core.list_node, "Node"), (core.list_config_map_for_all_namespaces, "ConfigMap"),
              (core.list_resource_quota_for_all_namespaces, "ResourceQuota"), (core.list_namespace, "Namespace"),
              (scheduling.list_priority_class, "PriorityClass"))
-    clock = _Clock(total)
+    clock = _Clock(total, ApiException, say)
     listing = "the API server"
     try:
         for call, kind in typed:
             listing = f"the list of {kind}s"
-            items = [api.sanitize_for_serialization(item) for item in clock.call(api, call).items]
+            items = [api.sanitize_for_serialization(item) for item in clock.call(api, listing, call).items]
             add_objects(state, {"kind": "List", "items": [{"kind": kind, **i} for i in items]}, state.source)
         for group, versions, plural, kind in CUSTOM:
             listing = f"the list of {kind}s"
-            items = _custom(api, custom, group, versions, plural, ApiException, clock)
+            items = _custom(api, custom, group, versions, plural, ApiException, clock, listing)
             add_objects(state, {"kind": "List", "items": [{"kind": kind, **i} for i in items]}, state.source)
     except NewConnectionError:  # urllib3 makes it a timeout too, but the server refused or is not there
         raise GpushareError(Problem("cannot reach the API server: NewConnectionError", file=state.source,
@@ -123,9 +185,24 @@ def read_live(kubeconfig: Path, context: str | None, total: float = TOTAL_SECOND
                                     fix="check that the kubeconfig's server is the cluster's API server and that it "
                                         "answers (kubectl get nodes), or dump the objects with kubectl and pass "
                                         "--from DIR (docs/adoption.md)"), exit_code=2) from None
+    except _Throttled as exc:
+        bound = (f"the whole read's bound of {total:g} s" if exc.whole else
+                 f"the bound of {CALL_SECONDS:g} s per list call")
+        kinds, times = " and ".join(dict.fromkeys(exc.answers)), len(exc.answers)
+        raise GpushareError(Problem(f"the API server kept answering {kinds} to {listing}: {times} "
+                                    f"time{'s' if times > 1 else ''} in {exc.seconds:.1f} s ({times - 1} "
+                                    f"retr{'ies' if times != 2 else 'y'}), and the next wait of {exc.wait:g} s "
+                                    f"would pass {bound}", file=state.source,
+                                    fix="the API server is overloaded, or its API Priority and Fairness limits "
+                                        "throttle this user: retry later, or raise the share of the priority level "
+                                        "this user's FlowSchema maps it to (kubectl get flowschemas,"
+                                        "prioritylevelconfigurations)"), exit_code=2) from None
     except ApiException as exc:
+        failed = isinstance(exc.status, int) and exc.status >= 500  # a 503 with a Retry-After was retried above
         raise GpushareError(Problem(f"the API server answered {exc.status} {exc.reason}", file=state.source,
-                                    fix="check that the context may list nodes, configmaps, resourcequotas, "
+                                    fix="the API server failed: check that it is healthy (kubectl get --raw "
+                                        "/readyz?verbose) and retry later" if failed else
+                                        "check that the context may list nodes, configmaps, resourcequotas, "
                                         "namespaces and priorityclasses (read-only access suffices)"),
                             exit_code=2) from None
     except ValueError as exc:  # the client's models refused an answer (pydantic's ValidationError is a ValueError)
@@ -145,10 +222,10 @@ def read_live(kubeconfig: Path, context: str | None, total: float = TOTAL_SECOND
 
 
 def _custom(api: Any, custom: Any, group: str, versions: tuple[str, ...], plural: str, not_found: type[Exception],
-            clock: _Clock) -> list[dict[str, Any]]:
+            clock: _Clock, listing: str) -> list[dict[str, Any]]:
     for version in versions:
         try:
-            answer = clock.call(api, custom.list_cluster_custom_object, group, version, plural)
+            answer = clock.call(api, listing, custom.list_cluster_custom_object, group, version, plural)
         except not_found as exc:
             if getattr(exc, "status", None) == 404:
                 continue

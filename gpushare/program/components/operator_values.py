@@ -164,6 +164,9 @@ def kept_device_plugin_configs(entries: list[Any], fleet: ResolvedFleet, root: P
             out[name] = fleet.device_plugin_configs[name].content
             continue
         path = Path(entry.file) if Path(entry.file).is_absolute() else root / entry.file
+        if entry.adopted:
+            out[name] = _adopted_config(path, stack_file, where)
+            continue
         try:
             content = parse_device_plugin(path.read_text())
         except OSError as exc:
@@ -180,11 +183,27 @@ def kept_device_plugin_configs(entries: list[Any], fleet: ResolvedFleet, root: P
     return out
 
 
-def kept_for_cluster(kept: dict[str, dict[str, Any]], cluster: spec.Cluster) -> dict[str, dict[str, Any]]:
-    """A kept config belongs where its strategies are the cluster's (content-hashed names are cluster-specific)."""
+def _adopted_config(path: Path, stack_file: str, where: str) -> dict[str, Any]:
+    """A config the cluster ran before the import, as the import copied it: the device plugin's own file (version
+    v1), taken as it is; gpushare wrote none of it, so its own subset schema does not judge it."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise GpushareError(Problem(f"cannot read adopted config {path}: {exc}", file=stack_file, path=where,
+                                    fix="point file at the copy `gpushare import` wrote under imports/")) from None
+    if not isinstance(data, dict) or data.get("version") != "v1":
+        raise GpushareError(Problem(f"{path} is not a device-plugin config file (version: v1)", file=stack_file,
+                                    path=where, fix="point file at the copy `gpushare import` wrote under imports/"))
+    return data
+
+
+def kept_for_cluster(kept: dict[str, dict[str, Any]], cluster: spec.Cluster, adopted: frozenset[str] = frozenset()
+                     ) -> dict[str, dict[str, Any]]:
+    """A kept config belongs where its strategies are the cluster's (content-hashed names are cluster-specific); an
+    adopted one (the cluster's own, under its own name) everywhere, as the cluster had it."""
     flags = default_device_plugin_content(cluster)["flags"]
     return {name: content for name, content in kept.items()
-            if content.get("flags", {}).get("migStrategy") == flags["migStrategy"]
+            if name in adopted or content.get("flags", {}).get("migStrategy") == flags["migStrategy"]
             and content.get("flags", {}).get("plugin", {}).get("deviceListStrategy")
             == flags["plugin"]["deviceListStrategy"]}
 

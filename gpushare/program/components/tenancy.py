@@ -186,8 +186,10 @@ class Tenancy(pulumi.ComponentResource):
         self._claim_templates(name, args, namespaces, k8s)
         excluded = (*args.infrastructure_namespaces, args.kueue.namespace)
         kueue_identity = kueue_user(args.kueue.namespace, args.kueue.service_account)
+        adoption = args.fleet.env.adoption
         for obj in admission_objects(args.deployer, excluded, dra_claims(args.fleet, args.cluster),
-                                     pool_taints(tenancy), kueue_identity):
+                                     pool_taints(tenancy), kueue_identity,
+                                     enforcement=adoption.admission if adoption else "deny"):
             res_name = f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}"
             if obj["kind"] == "ValidatingAdmissionPolicy":
                 ValidatingAdmissionPolicy(res_name, metadata=_meta(obj), spec=obj["spec"], opts=k8s)
