@@ -2,7 +2,8 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: plan test test-unit lint venv schema bench clean test-deps promtool testbins nvidia-bins pulumi-bins cluster-up
+.PHONY: plan test test-unit lint venv schema bench clean test-deps promtool testbins nvidia-bins pulumi-bins cluster-up \
+	demo-history
 
 plan: venv
 	$(BIN)/gpushare plan --env dev
@@ -80,12 +81,15 @@ cluster-up: venv testbins
 
 venv: $(BIN)/.installed
 
+# pip shows its own progress: bars on a terminal, one line per package (no bars) in CI logs.
 $(BIN)/.installed: pyproject.toml
 	@python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Python 3.11 or newer is needed"; exit 1; }
 	@python3 -c 'import ensurepip, venv' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv; }
+	@echo "Creating $(VENV) and installing gpushare with its dev tools (pip, about 125 packages): 2-4 minutes" \
+		"on a fresh clone, once; pip's progress follows"
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install --progress-bar $$([ -t 1 ] && echo on || echo off) -e '.[dev]'
 	touch $@
 
 schema: venv
@@ -93,6 +97,11 @@ schema: venv
 
 bench: venv
 	$(BIN)/python benchmarks/foundation.py
+
+# The recorded DCGM history `gpushare demo-metrics` serves (gpushare/data/demo/), rewritten from environments/dev.yaml
+# by the tests' series generator; tests/test_demo_metrics.py fails while it is out of date.
+demo-history: venv
+	$(BIN)/python scripts/demo_history.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

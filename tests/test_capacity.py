@@ -405,6 +405,27 @@ def test_two_mig_pools_dropping_one_resource_move_its_quota_together(tmp_path: P
     assert sum(llm["quota"].values()) > 8
 
 
+def test_a_proposed_profile_describes_its_own_replicas() -> None:
+    """A profile made from inference-ts2 ("Two light inference services per GPU") with more replicas says how many
+    it has, not how many its source had."""
+    from gpushare.ops.capacity import propose
+    from gpushare.ops.capacity.proposal import shared_description
+
+    fleet = resolve(ENV, PROFILES)
+    g = load_guardrails()
+    evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
+    evidence["ts-underused"] = PoolEvidence("ts-underused", coverage=1.0, utilization_mean=0.1, utilization_p95=0.15,
+                                            allocated_mean=8, allocated_p95=8, replica_memory_p95_bytes=4 * GIB)
+    proposal = propose(fleet, g, recommend(fleet, g, evidence, "7d"))
+    made = [yaml.safe_load(new) for rel, (_old, new) in proposal.files.items() if "profiles/" in rel]
+    (profile,) = [p for p in made if p.get("time_slicing")]
+    replicas = profile["time_slicing"]["replicas"]
+    assert replicas != 2 and profile["description"].startswith(f"{replicas} pods take turns on each GPU. "), profile
+    assert "Two" not in profile["description"] and "inference-ts2 (2 replicas)" in profile["description"]
+    assert shared_description("mps", 3, "mps-4 (4 replicas)").startswith(
+        "3 MPS clients per GPU, each limited to 1/3 of its memory and SMs.")
+
+
 def test_a_change_that_does_not_resolve_is_withheld_and_the_rest_is_written(tmp_path: Path) -> None:
     from gpushare.ops.capacity import CapacityReport, Proposal, propose
 

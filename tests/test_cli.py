@@ -246,3 +246,27 @@ def test_every_command_a_message_names_exists() -> None:
         elif len(words) > 1 and hasattr(command, "commands") and words[1] not in command.commands:
             missing.append(" ".join(words))
     assert missing == []
+
+
+def test_errors_start_lower_case_error_everywhere() -> None:
+    """A usage error Click finds and a problem gpushare finds both read `error: ...`, never `Error`."""
+    import re
+    import subprocess
+    import sys
+
+    usage = runner.invoke(app, ["check", "--bogus"])
+    assert usage.exit_code == 2, usage.output
+    assert "error: No such option: --bogus" in usage.output and "Error" not in usage.output
+    assert "Try 'gpushare check --help' for help." in usage.output
+    missing = runner.invoke(app, ["capacity", "--env", "dev"])
+    assert missing.exit_code == 2 and "error: Missing option '--prometheus'" in missing.output
+    domain = runner.invoke(app, ["validate", "--env", "staging"])
+    assert domain.exit_code == 2 and domain.output.startswith("error: 1 problem"), domain.output
+    # As a user runs it, through the boundary.
+    proc = subprocess.run([sys.executable, "-m", "gpushare", "rollout", "--env", "dev", "--forks", "0"],
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+    assert proc.returncode == 2 and "error: Invalid value for '--forks'" in proc.stderr, proc.stderr
+    assert "Error" not in proc.stderr + proc.stdout
+    written = [f"{path.relative_to(ROOT)}:{n}" for path in (ROOT / "gpushare").rglob("*.py")
+               for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"(?<!\w)Error:", line)]
+    assert written == []

@@ -3,6 +3,7 @@ cut mid-word or swallowed as Rich markup, and one finding stays a short block in
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -135,3 +136,106 @@ def test_preview_at_80_columns_wraps_at_words_and_shortens_long_names() -> None:
         # Whole, or with its parent's name dropped (`…-rest`): never folded across two lines.
         assert name in tokens or any(t.startswith("…-") and name.endswith(t[1:]) for t in tokens), name
     assert "Helm chart rendering" in " ".join(out.split())
+
+
+# ---------------------------------------------------------------- help at 80 columns
+
+
+def _command_paths() -> list[tuple[str, ...]]:
+    """Every command and subcommand of the app, found by walking it (a command added later is covered too)."""
+    import typer
+
+    def walk(command: Any, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+        subcommands = getattr(command, "commands", {})
+        return [path, *(p for name, sub in subcommands.items() if not sub.hidden for p in walk(sub, (*path, name)))]
+
+    return walk(typer.main.get_command(app), ())
+
+
+def _command_at(path: tuple[str, ...]) -> Any:
+    import typer
+
+    command = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]  # type: ignore[attr-defined]
+    return command
+
+
+def _help_texts(command: Any) -> list[str]:
+    """What the app says about a command: its help, its options' help, and its subcommands' help."""
+    texts = [command.help or ""] + [p.help for p in command.params if getattr(p, "help", None) and not p.hidden]
+    return texts + [sub.help or "" for sub in getattr(command, "commands", {}).values() if not sub.hidden]
+
+
+@pytest.mark.parametrize("path", _command_paths(), ids=lambda p: " ".join(("gpushare", *p)))
+def test_help_at_80_columns_is_whole(path: tuple[str, ...]) -> None:
+    """No help text is cut with "…", folded mid-word or read as Rich markup (`pip install 'gpushare[mitogen]'`)."""
+    result = runner.invoke(app, [*path, "--help"], env=NARROW)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert_fits(out)
+    assert "…" not in out
+    texts = _help_texts(_command_at(path))
+    tokens = {t for line in lines_of(out) for t in re.split(r"[\s│┃|]+", line)}
+    split = sorted({w for text in texts for w in text.split() if w not in tokens})
+    assert not split, split
+    flat = " ".join(out.split())
+    lost = [b for text in texts for b in re.findall(r"\[[^\]]*\]", text) if " ".join(b.split()) not in flat]
+    assert not lost, lost
+    for param in _command_at(path).params:  # every option is listed
+        if param.param_type_name == "option" and not param.hidden:
+            assert any(o in tokens or f"{o}," in tokens for o in param.opts if o.startswith("--")), param.opts
+
+
+def _capacity_report() -> Any:
+    from gpushare.core.guardrails import load_guardrails
+    from gpushare.ops.capacity import GIB, CapacityReport, MigEvidence, PoolEvidence, propose, recommend
+
+    fleet = resolve_env("dev")
+    g = load_guardrails()
+    evidence = {p.name: PoolEvidence(p.name) for p in fleet.pools}
+    evidence["l4-notebooks"] = PoolEvidence("l4-notebooks", coverage=1.0, utilization_mean=0.1, utilization_p95=0.15,
+                                            allocated_mean=4, allocated_p95=4, replica_memory_p95_bytes=2 * GIB)
+    evidence["a100-inference"] = PoolEvidence(
+        "a100-inference", coverage=1.0, utilization_mean=0.05, utilization_p95=0.06,
+        mig={p: MigEvidence(p, 1, 0.05, 3 * GIB, 1) for p in ("3g.40gb", "2g.20gb", "1g.10gb")})
+    recs = recommend(fleet, g, evidence, "7d")
+    return CapacityReport(fleet, "7d", 0.0, "raw", evidence, recs, propose(fleet, g, recs),
+                          Path("build/capacity/dev.patch"), 0.5, 12)
+
+
+def test_capacity_at_80_columns_keeps_every_word_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _capacity_report()
+    monkeypatch.setattr("gpushare.ops.capacity.run_capacity", lambda *args, **kwargs: report)
+    result = runner.invoke(app, ["capacity", "--env", "dev", "--prometheus", "http://127.0.0.1:9"], env=NARROW)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert_fits(out)
+    words = {"utilization", "a100-inference", "h100-training", "l4-notebooks", "time-slicing"}
+    for r in report.recommendations:
+        words |= {w for text in (*r.reasons, *r.evidence, *r.gaps, *r.notes) for w in text.split()}
+    assert_whole(out, *words)
+    # Where the whole report fits unwrapped, it is one table.
+    wide = runner.invoke(app, ["capacity", "--env", "dev", "--prometheus", "http://127.0.0.1:9"],
+                         env={"COLUMNS": "400"})
+    assert wide.exit_code == 0 and "┃ pool" in wide.stdout
+
+
+def test_rollout_dry_run_at_80_columns_keeps_commands_whole_and_copyable(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    kept = [{"name": "dev-l4-notebooks-notebooks-ts4", "file": ".gpushare/rollouts/dev/kept/"
+             "dev-l4-notebooks-notebooks-ts4.yaml"}]
+    monkeypatch.setattr("gpushare.ops.rollout.plan.kept_configs", lambda previous, target, directory: kept)
+    args = ["rollout", "--env", "dev", "--dry-run", "--journal", str(tmp_path / "journal.jsonl")]
+    doc = runner.invoke(app, [*args, "--json"])
+    assert doc.exit_code == 0, doc.output
+    commands = [c for step in json.loads(doc.stdout)["steps"] for c in step.get("commands", [])]
+    assert any("'gpushare:keepDevicePluginConfigs[0].name'" in c for c in commands), commands
+    result = runner.invoke(app, args, env=NARROW)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert_fits(out)
+    assert_whole(out, *(w for c in commands for w in c.split()))
+    # Each command runs as pasted: on one line, or continued with a trailing backslash.
+    pasted = [" ".join(line.split()) for line in re.sub(r" \\\n\s*", " ", out).splitlines()]
+    assert [c for c in commands if not any(line.endswith(c) for line in pasted)] == []

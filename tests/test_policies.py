@@ -147,9 +147,11 @@ def test_rule_fires(rule: str, mutate: Mutate, where: str | tuple[str, ...], dev
     assert v.rule == rule and v.level == "mandatory" and v.fix and v.message
 
 
-def test_quota_above_capacity_is_advisory_where_validate_only_warns(dev_data: dict[str, Any], write_env: Any) -> None:
-    """dev allows it (quota_above_capacity: warning): validate warns, and check lists it without failing; pilot
-    refuses it, and there only the mandatory rule fires."""
+def test_quota_above_capacity_is_one_rule_advisory_where_validate_only_warns(dev_data: dict[str, Any],
+                                                                          write_env: Any) -> None:
+    """dev allows it (quota_above_capacity: warning): validate warns, and check lists it as an advisory failure
+    without failing; pilot refuses it: the same rule, mandatory. One id either way, so check never prints `pass`
+    and `FAIL` of the same excess under two names."""
     tenant_named(dev_data, "research")["quota"] = {"nvidia.com/gpu": 400}
     path = write_env(dev_data)
     warned = CliRunner().invoke(app, ["validate", "--env", str(path), "--json"])
@@ -158,12 +160,49 @@ def test_quota_above_capacity_is_advisory_where_validate_only_warns(dev_data: di
     checked = CliRunner().invoke(app, ["check", "--env", str(path), "--json", "--no-plan"])
     assert checked.exit_code == 0, checked.output
     (v,) = [v for v in json.loads(checked.stdout)["violations"] if "quota" in v["rule"]]
-    assert (v["rule"], v["level"], v["where"]) == ("tenant-quota-above-capacity", "advisory",
+    assert (v["rule"], v["level"], v["where"]) == ("tenant-quota-within-capacity", "advisory",
                                                    "tenants[1].quota.nvidia.com/gpu")
     assert "guaranteed 400 nvidia.com/gpu" in v["message"] and v["fix"]
+    table = CliRunner().invoke(app, ["check", "--env", str(path), "--no-plan"], env={"COLUMNS": "250"}).stdout
+    said = [line for line in table.splitlines() if "capacity" in line and "quota" in line]
+    assert len(said) == 1 and "FAIL (advisory)" in said[0] and "tenant-quota-within-capacity" in said[0], said
     _quota_above_capacity(dev_data)
-    ctx = context(write_env, dev_data)
-    assert fired(ctx, "tenant-quota-above-capacity") == [] and len(fired(ctx, "tenant-quota-within-capacity")) == 1
+    assert [v.level for v in fired(context(write_env, dev_data), "tenant-quota-within-capacity")] == ["mandatory"]
+
+
+def test_waivers_naming_the_old_quota_rule_id_still_work(tmp_path: Path, dev_data: dict[str, Any],
+                                                         write_env: Any) -> None:
+    """tenant-quota-above-capacity is now the advisory level of tenant-quota-within-capacity: a waiver file (or
+    non_waivable) naming the old id still loads and covers what the old rule reported, and nothing more."""
+    tenant_named(dev_data, "research")["quota"] = {"nvidia.com/gpu": 400}
+    # `where` is a glob: [[] is a literal [.
+    waiver = {"rule": "tenant-quota-above-capacity", "environment": "dev", "where": "tenants[[]1].quota.nvidia.com/gpu",
+              "reason": "GPUs for research arrive next month", "expires": "2026-12-31"}
+    waivers, file = load_waivers(_waivers(tmp_path, [waiver]))
+    rules = [RULES["tenant-quota-within-capacity"]]
+    report = evaluate(context(write_env, dev_data), waivers, TODAY, file, rules=rules)
+    assert report.violations == [] and [v.rule for v, _ in report.waived] == ["tenant-quota-within-capacity"]
+    checked = CliRunner().invoke(app, ["check", "--env", str(write_env(dev_data)), "--json", "--no-plan",
+                                       "--waivers", str(file), "--today", TODAY.isoformat()])
+    assert checked.exit_code == 0, checked.output
+    assert [w["rule"] for w in json.loads(checked.stdout)["waived"]] == ["tenant-quota-within-capacity"]
+    # Where the rule is mandatory, the old id never covered it, and still does not.
+    _quota_above_capacity(dev_data)
+    waivers, file = load_waivers(_waivers(tmp_path, [{**waiver, "environment": "pilot"}]))
+    report = evaluate(context(write_env, dev_data), waivers, TODAY, file, rules=rules)
+    assert [v.level for v in report.violations] == ["mandatory"] and report.waived == []
+    # non_waivable may name the old id too.
+    from gpushare.policy.rules import load_checked_guardrails
+
+    data = yaml.safe_load((WORKSPACE / "policies" / "guardrails.yaml").read_text())
+    data["environments"]["dev"]["non_waivable"] = ["tenant-quota-above-capacity"]
+    guardrails = tmp_path / "guardrails.yaml"
+    guardrails.write_text(yaml.safe_dump(data))
+    dev_data["name"] = "dev"
+    ctx = Context(fleet=resolve(write_env(dev_data), PROFILES), guardrails=load_checked_guardrails(guardrails))
+    waivers, file = load_waivers(_waivers(tmp_path, [waiver]), ctx.guardrails)
+    report = evaluate(ctx, waivers, TODAY, file, rules=rules)
+    assert "waiver-refused" in {v.rule for v in report.violations} and report.waived == []
 
 
 def test_every_rule_is_in_the_guardrails_doc() -> None:

@@ -59,11 +59,15 @@ def stack_resources(stack: str, operator_values: dict[str, Any] | None = None) -
 
 def test_every_rule_is_a_policy_with_its_level() -> None:
     by_name = {p.name: p for p in policies()}
-    assert set(RULES) | {"waiver-expired", "waiver-refused"} == set(by_name)
+    # A rule whose level the environment decides is a mandatory policy and an advisory one.
+    varying = {f"{r.id}-advisory" for r in RULES.values() if r.level_in is not None}
+    assert varying == {"tenant-quota-within-capacity-advisory"}
+    assert set(RULES) | varying | {"waiver-expired", "waiver-refused"} == set(by_name)
     for r in RULES.values():
         expected = EnforcementLevel.MANDATORY if r.level == "mandatory" else EnforcementLevel.ADVISORY
         assert by_name[r.id].enforcement_level == expected
         assert by_name[r.id].description == r.description
+    assert by_name["tenant-quota-within-capacity-advisory"].enforcement_level == EnforcementLevel.ADVISORY
 
 
 def test_stack_name_comes_from_the_urns() -> None:
@@ -116,6 +120,15 @@ def test_pack_and_check_report_the_same(tmp_path: Path, dev_data: dict[str, Any]
     assert from_pack == from_check
     assert {"device-list-strategy-not-envvar", "shared-replicas-renamed"} <= set(from_pack)
     assert ("toolkit-cve-floor" in from_pack) is not waived
+
+
+def test_quota_above_capacity_is_advisory_in_the_pack_where_check_says_so(dev_data: dict[str, Any],
+                                                                           write_env: Any) -> None:
+    tenant_named(dev_data, "research")["quota"] = {"nvidia.com/gpu": 400}
+    found = run_pack(stack_resources("dev"), config={"environment": str(write_env(dev_data))}, waivers=[],
+                     today=TODAY)
+    assert list(found) == ["tenant-quota-within-capacity-advisory"], found
+    assert "guaranteed 400 nvidia.com/gpu" in found["tenant-quota-within-capacity-advisory"][0]
 
 
 def test_expired_waiver_fails_the_pack(dev_data: dict[str, Any], write_env: Any) -> None:

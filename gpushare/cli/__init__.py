@@ -16,6 +16,8 @@ from gpushare.cli.adopt import drift_command, import_command
 from gpushare.cli.capacity import capacity_command
 from gpushare.cli.check import check_command
 from gpushare.cli.common import fail
+from gpushare.cli.demo import demo_metrics_command
+from gpushare.cli.diff import diff_command
 from gpushare.cli.fleet import plan_command, render_command, schema_command, validate_command
 from gpushare.cli.gpu import discover_command, gpus_command, mig_app
 from gpushare.cli.init import init_command
@@ -24,6 +26,7 @@ from gpushare.cli.preview import preview_command
 from gpushare.cli.promote import promote_command
 from gpushare.cli.rollout import ansible_env_command, rollout_command
 from gpushare.cli.showback import showback_command
+from gpushare.cli.usage import lay_out
 from gpushare.core.errors import GpushareError
 
 app = typer.Typer(
@@ -47,9 +50,12 @@ app.command("promote")(promote_command)
 app.command("rollout")(rollout_command)
 app.command("ansible-env")(ansible_env_command)
 app.command("showback")(showback_command)
+app.command("demo-metrics")(demo_metrics_command)
 app.command("import")(import_command)
 app.command("drift")(drift_command)
+app.command("diff")(diff_command)
 app.command("schema")(schema_command)
+lay_out(app)  # last, after every command: their --help and usage errors (gpushare/cli/usage.py)
 
 __all__ = ["app", "fail", "main"]
 

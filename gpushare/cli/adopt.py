@@ -4,7 +4,7 @@ cluster, per node). Both only read the cluster."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -33,15 +33,23 @@ def one_source(from_dir: Path | None, kubeconfig: Path | None) -> None:
 
 
 def read_cluster(from_dir: Path | None, kubeconfig: Path | None, context: str | None) -> ClusterState:
+    """The cluster's state from dumps or live. Whatever cannot be read of it (a dump that is not YAML, an object
+    kubectl would not write) is unusable input, exit 2: exit 1 means an environment that does not validate (import)
+    or drift (drift)."""
     one_source(from_dir, kubeconfig)
-    if from_dir is not None:
-        from gpushare.ops.brownfield.cluster import read_dumps
+    try:
+        if from_dir is not None:
+            from gpushare.ops.brownfield.cluster import read_dumps
 
-        return read_dumps(from_dir)
-    assert kubeconfig is not None
-    from gpushare.ops.brownfield.live import read_live
+            return read_dumps(from_dir)
+        assert kubeconfig is not None
+        from gpushare.ops.brownfield.live import read_live
 
-    return read_live(kubeconfig, context)
+        return read_live(kubeconfig, context)
+    except GpushareError as err:
+        if err.exit_code == 1:
+            raise GpushareError(err.problems, exit_code=2) from None
+        raise
 
 
 def import_command(
@@ -58,6 +66,7 @@ def import_command(
     into a workspace, overwriting nothing; what gpushare cannot express is listed (`unsupported`), never dropped.
     Never writes to the cluster."""
     from gpushare.core.paths import WORKSPACE_MARKER, project_root
+    from gpushare.ops.brownfield.adoption import adoption_stage
     from gpushare.ops.brownfield.importer import import_cluster
 
     try:
@@ -68,21 +77,53 @@ def import_command(
             raise GpushareError(Problem(f"--out is not a gpushare workspace (no {WORKSPACE_MARKER})",
                                         file=str(workspace), fix=f"create one first: gpushare init {workspace}"),
                                 exit_code=2)
+        today = date.today()
         result = import_cluster(read_cluster(from_dir, kubeconfig, context), env, existing_profiles(workspace),
-                                context=context)
+                                context=context, toolkit_floor=_toolkit_floor(workspace), today=today,
+                                priorities=_priorities(workspace))
+        stage = adoption_stage(workspace, env, result.files, today)
+        result.files.update(stage.files)
         _write_files(workspace, result)
         configs, problems, todo = _resolved_configs(workspace, result)
     except GpushareError as err:
         raise fail(err, as_json) from None
+    todo = [f"REMEDIATION (no waiver may cover it; check fails until it is fixed): {r['rule']} at {r['where']}: "
+            f"{r['message']}; fix: {r['fix']}" for r in stage.remediation] + todo
     source = f"--from {from_dir}" if from_dir is not None else f"--kubeconfig {kubeconfig}" + (
         f" --context {context}" if context else "")
     if as_json:
-        print(json.dumps({"ok": not problems, **result.as_dict(), "configs": configs, "next": todo,
-                          "errors": problems}, indent=2))
+        print(json.dumps({"ok": not problems, **result.as_dict(), "adoption": stage.as_dict(), "configs": configs,
+                          "next": todo, "errors": problems}, indent=2))
     else:
         _print_import(workspace, result, configs, problems, todo, source)
+        if stage.waived:
+            print(f"adoption: {len(stage.waived)} rule(s) the cluster breaks as it runs, waived until fixed in "
+                  f"policies/waivers.d/{env}-adoption.yaml (each with its fix; docs/adoption.md)")
     if problems:
         raise typer.Exit(code=1)
+
+
+def _toolkit_floor(workspace: Path) -> str | None:
+    """The CVE floor of the workspace's guardrails, which the import raises an older toolkit to; None where the
+    guardrails cannot be read (check says why)."""
+    from gpushare.core.guardrails import load_guardrails
+
+    try:
+        return load_guardrails(workspace / "policies" / "guardrails.yaml").toolkit.min_version
+    except GpushareError:
+        return None
+
+
+def _priorities(workspace: Path) -> dict[str, tuple[int, str]]:
+    """gpushare's online and batch PriorityClasses (value, preemption policy) as the workspace's guardrails set
+    them: a cluster's own class equal to one is kept in its place."""
+    from gpushare.core.guardrails import load_guardrails
+
+    try:
+        classes = load_guardrails(workspace / "policies" / "guardrails.yaml").tenancy.priority_classes
+    except GpushareError:
+        return {}
+    return {str(k): (v.value, v.preemption_policy) for k, v in classes.items()}
 
 
 def _check_env_name(env: str) -> None:

@@ -91,33 +91,37 @@ def capacity_command(
         print(json.dumps(summary, indent=2))
         return
     out = Console(highlight=False)
-    from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"gpushare capacity: {fleet.environment}, last {window}", show_lines=True)
-    for col in ("pool", "sharing", "now", "proposed", "utilization now → projected", "evidence"):
-        table.add_column(col, overflow="fold")
+    from gpushare.cli.common import print_records
+
+    rows: list[dict[str, str | Text]] = []
     for r in recs:
         now = f"{r.gpus_now} GPUs"
-        proposed = "-"
+        proposed = Text("-")
         if r.replicas_now is not None:
             now += f"\n{r.replicas_now} replicas"
         if r.mig_layout_now:
             now += "\n" + ", ".join(f"{p} x{n}" for p, n in r.mig_layout_now.items())
         if not r.gaps:
-            proposed = f"{r.gpus_proposed} GPUs"
+            proposed = Text(f"{r.gpus_proposed} GPUs")
             if r.replicas_proposed is not None:
-                proposed += f"\n{r.replicas_proposed} replicas"
+                proposed.append(f"\n{r.replicas_proposed} replicas")
             if r.mig_layout_proposed:
-                proposed += "\n" + ", ".join(f"{p} x{n}" for p, n in r.mig_layout_proposed.items())
+                proposed.append("\n" + ", ".join(f"{p} x{n}" for p, n in r.mig_layout_proposed.items()))
             if r.pool in proposal.withheld:
-                proposed += f"\n[yellow]not in patch[/]: {proposal.withheld[r.pool]}"
+                proposed.append_text(Text.assemble("\n", ("not in patch", "yellow"), f": {proposal.withheld[r.pool]}"))
         util = "no data" if r.utilization_now is None else f"{r.utilization_now:.0%}"
         if r.utilization_projected is not None:
             util += f" → {r.utilization_projected:.0%}"
-        lines = [f"why: {x}" for x in r.reasons] + r.evidence + [f"[yellow]gap[/]: {g}" for g in r.gaps] + \
-            [f"note: {n}" for n in r.notes]
-        table.add_row(r.pool, r.sharing, now, proposed, util, "\n".join(lines))
-    out.print(table)
+        lines = [Text(f"why: {x}") for x in r.reasons] + [Text(e) for e in r.evidence] + \
+            [Text.assemble(("gap", "yellow"), f": {g}") for g in r.gaps] + [Text(f"note: {n}") for n in r.notes]
+        rows.append({"pool": r.pool, "sharing": r.sharing, "now": now, "proposed": proposed,
+                     "utilization now → projected": util, "evidence": Text("\n").join(lines)})
+    # Narrower than the table: a block per pool headed "pool  sharing", so no name or word is split.
+    print_records(out, f"gpushare capacity: {fleet.environment}, last {window}",
+                  ("pool", "sharing", "now", "proposed", "utilization now → projected", "evidence"), rows,
+                  heading=("pool", "sharing"))
     out.print(f"GPUs that could be freed: {report.gpus_freed}. From {summary['source']}: Prometheus query time "
               f"{report.query_seconds:.2f} s over {report.queries} queries; {summary['seconds']:.1f} s in all.")
     if proposal.patch:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -93,11 +94,12 @@ def as_text(cell: Cell) -> Text:
 def print_records(console: Console, title: str, columns: Sequence[str], rows: Sequence[Mapping[str, Cell]], *,
                   heading: Sequence[str] = (), head: Callable[[Mapping[str, Cell]], Cell] | None = None,
                   justify: Mapping[str, JustifyMethod] | None = None, no_wrap: Collection[str] = (),
-                  show_lines: bool = True) -> None:
+                  show_lines: bool = True, shell: Collection[str] = ()) -> None:
     """Rows as a table where it fits the console's width unwrapped; otherwise one block per row, so nothing is cut
     mid-word into a narrow column: a heading line (the `heading` columns, default the first), then `column: value`
     for the other non-empty columns, the values wrapped beside their keys. `head` formats the heading line from the
-    row (default: the heading columns' values, two spaces apart)."""
+    row (default: the heading columns' values, two spaces apart). The `shell` columns hold shell commands, one a
+    line: in a block, one too long for its line is continued with ` \\`, so it still runs as pasted."""
     from rich.table import Table
     from rich.text import Text
 
@@ -120,17 +122,36 @@ def print_records(console: Console, title: str, columns: Sequence[str], rows: Se
             console.print()
         console.print(line)
         if rest:
-            key_values(console, [(col, as_text(value)) for col, value in rest])
+            key_values(console, [(col, as_text(value)) for col, value in rest], shell=shell)
 
 
-def key_values(console: Console, pairs: Sequence[tuple[str, Text]], indent: int = 2) -> None:
-    """`key: value` lines, each value wrapped at word boundaries under its own column (no trailing padding)."""
+def key_values(console: Console, pairs: Sequence[tuple[str, Text]], indent: int = 2,
+               shell: Collection[str] = ()) -> None:
+    """`key: value` lines, each value wrapped at word boundaries under its own column (no trailing padding); the
+    values of `shell` keys are shell commands, continued with ` \\` where one is too long for its line."""
     from rich.text import Text
 
     width = max(len(k) for k, _ in pairs) + 2
     room = max(20, console.width - indent - width)
     for key, value in pairs:
-        for i, line in enumerate(value.wrap(console, room, overflow="fold")):
+        lines = [Text(part) for command in value.plain.splitlines() for part in shell_lines(command, room)] \
+            if key in shell else value.wrap(console, room, overflow="fold")
+        for i, line in enumerate(lines):
             line.rstrip()
             head = f"{key}:".ljust(width) if i == 0 else " " * width
             console.print(Text(" " * indent + head) + line, soft_wrap=True)
+
+
+_SHELL_WORD = re.compile(r"""(?:[^\s'"]+|'[^']*'|"(?:\\.|[^"\\])*")+""")
+
+
+def shell_lines(command: str, width: int) -> list[str]:
+    """A shell command in lines of at most `width` where its words allow, each but the last ending ` \\` (the shell
+    reads them as one line); broken only between words, never inside a quoted one."""
+    lines: list[str] = []
+    for word in _SHELL_WORD.findall(command):
+        if lines and len(lines[-1]) + 1 + len(word) + 2 <= width:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(f"  {word}" if lines else word)
+    return [f"{line} \\" for line in lines[:-1]] + lines[-1:] if lines else [command]

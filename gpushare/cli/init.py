@@ -65,10 +65,65 @@ def init_command(
     venv = _venv_inside(directory.resolve())
     setup = "" if venv is not None else (
         "  # Pulumi runs the program with the python3 on PATH: activate the virtualenv that has gpushare\n")
-    print(f"created a gpushare workspace in {directory} ({len(written)} files). Next:\n"
+    print(f"created a gpushare workspace in {directory} ({len(written)} files).\n{git_repository(directory)}\nNext:\n"
           f"  cd {directory}\n{setup}  gpushare validate --env dev\n  gpushare plan --env dev\n"
           f"  gpushare preview --env dev --out build/dev\n"
           "In a team and in CI: docs/workspace.md")
+
+
+# The commit identity where Git has none configured (user.name and user.email, or GIT_AUTHOR_*/GIT_COMMITTER_*):
+# given to that one commit with `git -c`, never written into any Git config.
+FALLBACK_IDENTITY = ("gpushare", "gpushare@localhost")
+INIT_MESSAGE = "gpushare init: a new workspace"
+
+
+def git_repository(directory: Path) -> str:
+    """Make the new workspace a Git repository with a first commit of what init wrote (`.gitignore` keeps build/,
+    .venv/ and .gpushare/ out), unless it lies inside a repository already or git is not installed. What happened,
+    as one line: init goes on (exit 0) whatever Git does."""
+    import subprocess
+
+    git = shutil.which("git")
+    redo = f"git init && git add -A && git commit -m '{INIT_MESSAGE}'"
+    if git is None:
+        return f"git is not installed, so no Git repository was made: install git, then in {directory}: {redo}"
+    # Only this directory decides: a GIT_DIR or GIT_WORK_TREE of the calling shell (a hook) would point elsewhere.
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run([git, *args], cwd=directory, env=env, capture_output=True, text=True, timeout=120,
+                                  check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return subprocess.CompletedProcess([git, *args], 1, "", str(exc))
+
+    def why(done: subprocess.CompletedProcess[str]) -> str:
+        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        return lines[-1].strip() if lines else f"exit {done.returncode}"
+
+    inside = run("rev-parse", "--show-toplevel")
+    if inside.returncode == 0:
+        return (f"{directory} lies inside the Git repository {inside.stdout.strip()}, so no new one was made: commit "
+                f"the workspace there (git add {directory} && git commit)")
+    made = run("init", "-q")
+    if made.returncode != 0:
+        return f"no Git repository was made (git init: {why(made)}); fix that, then in {directory}: {redo}"
+    configured = all(run("-c", "user.useConfigOnly=true", "var", ident).returncode == 0
+                     for ident in ("GIT_AUTHOR_IDENT", "GIT_COMMITTER_IDENT"))
+    name, email = FALLBACK_IDENTITY
+    identity = [] if configured else ["-c", f"user.name={name}", "-c", f"user.email={email}"]
+    added = run("add", "-A", "--", ".")
+    committed = run(*identity, "commit", "-q", "-m", INIT_MESSAGE) if added.returncode == 0 else added
+    if committed.returncode != 0:
+        return (f"initialised a Git repository in {directory}, but the first commit failed ({why(committed)}): "
+                "commit the files yourself (git add -A && git commit)")
+    count = len(run("ls-files", "-z").stdout.split("\0")) - 1
+    line = (f"initialised a Git repository in {directory} with a first commit of the {count} files "
+            "(.gitignore keeps build/, .venv/ and .gpushare/ out)")
+    if identity:
+        line += (f"; Git has no identity configured here, so that commit is by {name} <{email}>: set yours with "
+                 "git config --global user.name and user.email (git commit --amend --reset-author redoes it)")
+    return line
 
 
 def write_workspace(target: Path) -> list[str]:

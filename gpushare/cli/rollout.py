@@ -54,6 +54,9 @@ def rollout_command(
                                                  "(default policies/waivers.yaml).")] = None,
     accept_drift: Annotated[bool, typer.Option("--accept-drift", help="Start although the hosts show drift the "
                                                "rollout cannot explain (see `gpushare drift`).")] = False,
+    accept_impact: Annotated[bool, typer.Option("--accept-impact", help="Start although `gpushare diff` finds "
+                                                "running work the rollout would deny, leave Pending, evict or "
+                                                "refuse.")] = False,
     awx_url: Annotated[str | None, typer.Option("--awx-url", help="Hand each batch to this AWX / automation "
                                                 "controller as a job launch instead of running Ansible here "
                                                 "(token in $CONTROLLER_OAUTH_TOKEN).")] = None,
@@ -94,6 +97,8 @@ def rollout_command(
             _refuse_on_drift(fleet, kubeconfig)
         if not (resume or rollback):
             _check(env, waivers, as_json, refuse=True)
+        if kubeconfig is not None and not (resume or rollback or accept_impact):
+            _refuse_on_impact(env, fleet, kubeconfig)
         plan = plan_rollout(fleet.source, fleet, journal, batches, kind="rollback" if rollback else "rollout",
                             resume=resume, kubeconfig=kubeconfig is not None, previous=previous, scratch=scratch)
         if rollback:
@@ -155,6 +160,25 @@ def _refuse_on_drift(fleet: ResolvedFleet, kubeconfig: Path) -> None:
                                for d in drift]], exit_code=1)
 
 
+def _refuse_on_impact(env: str, fleet: ResolvedFleet, kubeconfig: Path) -> None:
+    """`gpushare diff` per cluster (through its kubeconfig_context): a rollout that would break running work (a
+    guard moved to deny or enforce, a taint, a quota, a resource name) does not start unless told to."""
+    from gpushare.ops.brownfield.livediff import BREAKING, Api, live_diff
+
+    problems = []
+    for cluster in fleet.clusters.values():
+        report = live_diff(env, Api(kubeconfig, cluster.kubeconfig_context), cluster.name)
+        for i in report.impact:
+            if i.effect in BREAKING:
+                problems.append(Problem(f"{i.workload} {i.effect}: {i.reason}", file=f"cluster {cluster.name}",
+                                        path=i.cause, fix=i.fix))
+    if problems:
+        raise GpushareError([Problem(f"{fleet.environment}: the rollout would break {len(problems)} running "
+                                     "workload(s) (impact below, as `gpushare diff` shows it); it does not start",
+                                     fix=f"fix what each says (gpushare diff --env {fleet.environment} --kubeconfig "
+                                     "...), or pass --accept-impact to roll out anyway"), *problems], exit_code=1)
+
+
 def _check(env: str, waivers: Path | None, as_json: bool, refuse: bool) -> None:
     """`gpushare check` (with the offline plan): a rollout of a failing environment refuses to start."""
     from gpushare.ops.preview import plan_resources
@@ -177,25 +201,31 @@ def _check(env: str, waivers: Path | None, as_json: bool, refuse: bool) -> None:
 
 def _print_plan(plan: RolloutPlan) -> None:
     from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
+
+    from gpushare.cli.common import print_records
 
     console = Console(highlight=False)
     dirty = " (uncommitted changes)" if plan.dirty else ""
     title = f"gpushare {plan.kind}: {plan.environment} at {plan.revision[:12]}{dirty}"
-    table = Table(title=title, show_lines=True)
-    for col in ("#", "step", "what", "hosts / commands"):
-        table.add_column(col, overflow="fold")
+    rows: list[dict[str, str | Text]] = []
     for i, step in enumerate(plan.steps, 1):
         d = step.detail
         if step.step == "batch":
             done = sorted(set(d["hosts"]) - set(d["run"]))
             what = f"batch {d['batch']}: {d['playbook']} --limit, then gates {', '.join(d['gates'])}"
             hosts = ", ".join(d["run"]) + (f" (done: {', '.join(done)})" if done else "")
-            table.add_row(str(i), step.step, what, hosts)
+            rows.append({"#": str(i), "step": step.step, "what": what, "hosts": hosts})
         else:
-            skip = f" [dim](skipped: {d['skip']})[/]" if d.get("skip") else ""
-            table.add_row(str(i), step.step, str(d.get("description", "")) + skip, "\n".join(d.get("commands", [])))
-    console.print(table)
+            what_text = Text(str(d.get("description", "")))
+            if d.get("skip"):
+                what_text.append(f" (skipped: {d['skip']})", style="dim")
+            rows.append({"#": str(i), "step": step.step, "what": what_text,
+                         "commands": "\n".join(d.get("commands", []))})
+    # Narrower than the table: a block per step headed "#  step"; a command too long for its line is continued
+    # with a backslash, so each one still runs as pasted.
+    print_records(console, title, ("#", "step", "what", "hosts", "commands"), rows, heading=("#", "step"),
+                  no_wrap=("commands",), shell=("commands",))
     for note in plan.notes:
         console.print(f"note: {note}", markup=False)
 

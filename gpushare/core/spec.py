@@ -581,6 +581,12 @@ class Adoption(Strict):
         "maximums) in tenant namespaces, and 0 in an adopted quota (quota_name) for every GPU resource it never "
         "named; off, the namespaces keep their own limits and what their quota never limited stays unlimited.")
 
+    priority_classes: dict[Literal["online", "batch"], DnsName] = Field(
+        default_factory=dict, description="The cluster's own PriorityClasses for online and batch work, kept in "
+        "place of gpushare-online and gpushare-batch (which are then not made): `gpushare import` names those whose "
+        "value and preemption policy equal the guardrails' tenancy.priority_classes, never a second class beside "
+        "them.")
+
     @property
     def strict(self) -> bool:
         return self.admission == "deny" and self.pod_security == "enforce" and self.shared_gpu_taint \

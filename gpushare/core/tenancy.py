@@ -207,13 +207,15 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
     policy = guardrails.tenancy
     adoption = fleet.env.adoption
 
+    kept = adoption.priority_classes if adoption else {}
     for priority, name in PRIORITY_CLASSES.items():
         pc = policy.priority_classes[priority]  # type: ignore[index]
         description = f"gpushare {priority} work" + (" (queued; never preempts)" if priority == "batch" else "")
-        objects.append({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                        "metadata": {"name": name, "labels": MANAGED}, "value": pc.value,
-                        "preemptionPolicy": pc.preemption_policy, "globalDefault": False,
-                        "description": description})
+        if priority not in kept:  # an adopted cluster's own class of the same value stays the one pods name
+            objects.append({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                            "metadata": {"name": name, "labels": MANAGED}, "value": pc.value,
+                            "preemptionPolicy": pc.preemption_policy, "globalDefault": False,
+                            "description": description})
         objects.append({"apiVersion": KUEUE_API, "kind": "WorkloadPriorityClass",
                         "metadata": {"name": name, "labels": MANAGED}, "value": pc.value,
                         "description": description})
@@ -269,6 +271,13 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
     if limits is None or limits.quota_above_capacity == "warning":
         result.warnings.extend(p.message for p in result.over_capacity)
     return result
+
+
+def priority_class_names(fleet: ResolvedFleet) -> dict[str, str]:
+    """The PriorityClass tenant pods name for each priority: gpushare's, or the adopted cluster's own."""
+    adoption = fleet.env.adoption
+    kept = {str(k): v for k, v in adoption.priority_classes.items()} if adoption else {}
+    return {**PRIORITY_CLASSES, **kept}
 
 
 def _quota_limits(fleet: ResolvedFleet, tenant: ResolvedTenant, share: TenantShare) -> dict[str, int]:

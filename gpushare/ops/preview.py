@@ -45,6 +45,10 @@ NOT_CHECKED = (
     "availability, quotas, IAM), and remote manifests such as Google's driver installer.",
 )
 _NOT_OBJECTS = ("kubernetes:helm.sh/v3:Release", "kubernetes:yaml/v2:ConfigFile")
+# Settings a stack needs and lacks, as the program reports them (a cluster's kubeconfig context, a GKE or EKS
+# cluster's identity, the monitoring stack): the input cannot be used (exit 2), as with a missing key, where a value
+# the program refuses is invalid (exit 1).
+_MISSING_SETTING = re.compile(r"gpushare:(clusters\.[^.]+\.(kubeconfigContext|gke|eks)|monitoring)")
 
 
 # ---------------------------------------------------------------- the plan
@@ -197,6 +201,8 @@ def _run_program(program: Path, stack_name: str, cfg: Mapping[str, Any]) -> Plan
     except pulumi.RunError as exc:
         cause = exc.__cause__
         if isinstance(cause, GpushareError):
+            if cause.exit_code == 1 and all(p.path and _MISSING_SETTING.fullmatch(p.path) for p in cause.problems):
+                raise GpushareError(cause.problems, exit_code=2) from None
             raise cause from None
         raise GpushareError(str(exc)) from None
     root = pulumi_stack.get_root_resource()

@@ -452,6 +452,36 @@ ALL_TENANTS = "all"
 UNTRUSTED_ONLY = "untrusted"
 TRUSTED_ONLY = "trusted"
 
+def _priority_policy(names: dict[str, str]) -> dict[str, Any]:
+    """Tenant pods name the PriorityClass of their tenant's priority (`names`: gpushare's own, or the cluster's own
+    an adopted environment keeps, adoption.priority_classes); Kueue workloads gpushare's WorkloadPriorityClasses."""
+    online, batch = names["online"], names["batch"]
+    return {
+        # The namespace's priority label is the environment file's; only the deployer changes it (namespace policy).
+        "variables": _PRIORITY_VARIABLES,
+        "validations": [
+            {
+                "expression": f"(variables.isUpdate && {_PRIORITY} == {_OLD_PRIORITY}) || "
+                              f"({_PRIORITY} in ['{online}', '{batch}'] && "
+                              f"({_PRIORITY} != '{online}' || {_ONLINE_NAMESPACE}))",
+                "message": f"pods and pod templates in tenant namespaces use {batch}, or {online} where the "
+                           "tenant's priority is online: set spec.priorityClassName to one of them (the environment "
+                           "file sets the tenant's priority)",
+                "reason": "Forbidden",
+            },
+            {
+                "expression": _each_new("workloadPriorities", "p", f"p == '{PRIORITY_CLASSES['batch']}' || "
+                                        f"(p == '{PRIORITY_CLASSES['online']}' && {_ONLINE_NAMESPACE})"),
+                "message": f"Kueue orders, preempts and reclaims by the WorkloadPriorityClass in "
+                           f"{WORKLOAD_PRIORITY_LABEL}: set it to {PRIORITY_CLASSES['batch']}, or "
+                           f"{PRIORITY_CLASSES['online']} where the tenant's priority is online, or leave it out "
+                           "(Kueue then reads the pods' priority class)",
+                "reason": "Forbidden",
+            },
+        ],
+    }
+
+
 POLICIES: dict[str, dict[str, Any]] = {
     "gpushare-no-host-paths": {
         # Every hostPath, whatever its spelling (/dev/./nvidia0, /etc/cdi, /): no prefix list to get around.
@@ -542,30 +572,7 @@ POLICIES: dict[str, dict[str, Any]] = {
             },
         ],
     },
-    "gpushare-tenant-priority-class": {
-        # The namespace's priority label is the environment file's; only the deployer changes it (namespace policy).
-        "variables": _PRIORITY_VARIABLES,
-        "validations": [
-            {
-                "expression": f"(variables.isUpdate && {_PRIORITY} == {_OLD_PRIORITY}) || "
-                              f"({_PRIORITY} in ['{PRIORITY_CLASSES['online']}', '{PRIORITY_CLASSES['batch']}'] && "
-                              f"({_PRIORITY} != '{PRIORITY_CLASSES['online']}' || {_ONLINE_NAMESPACE}))",
-                "message": f"pods and pod templates in tenant namespaces use {PRIORITY_CLASSES['batch']}, or "
-                           f"{PRIORITY_CLASSES['online']} where the tenant's priority is online: set "
-                           "spec.priorityClassName to one of them (the environment file sets the tenant's priority)",
-                "reason": "Forbidden",
-            },
-            {
-                "expression": _each_new("workloadPriorities", "p", f"p == '{PRIORITY_CLASSES['batch']}' || "
-                                        f"(p == '{PRIORITY_CLASSES['online']}' && {_ONLINE_NAMESPACE})"),
-                "message": f"Kueue orders, preempts and reclaims by the WorkloadPriorityClass in "
-                           f"{WORKLOAD_PRIORITY_LABEL}: set it to {PRIORITY_CLASSES['batch']}, or "
-                           f"{PRIORITY_CLASSES['online']} where the tenant's priority is online, or leave it out "
-                           "(Kueue then reads the pods' priority class)",
-                "reason": "Forbidden",
-            },
-        ],
-    },
+    "gpushare-tenant-priority-class": _priority_policy(PRIORITY_CLASSES),
     "gpushare-no-visible-devices-env": {
         # The toolkit's hardening is the real defence (images set the variable in their own ENV): a denial for
         # untrusted tenants, a warning for trusted ones.
@@ -872,10 +879,14 @@ def excluded_namespaces(extra: tuple[str, ...] = ()) -> list[str]:
 
 
 def workload_policies(dra: DraClaims | None = None, pools: PoolTaints | None = None,
-                      kueue: str | None = None) -> dict[str, dict[str, Any]]:
+                      kueue: str | None = None, priority_classes: dict[str, str] | None = None
+                      ) -> dict[str, dict[str, Any]]:
     """The workload policies of a cluster: device-plugin clusters refuse every claim, DRA clusters judge them; the
-    pool tolerations follow the cluster's pools, the queue policy names the cluster's Kueue."""
+    pool tolerations follow the cluster's pools, the queue policy names the cluster's Kueue, the priority policy
+    the PriorityClasses tenants use."""
     out = dict(POLICIES)
+    if priority_classes is not None:
+        out["gpushare-tenant-priority-class"] = _priority_policy(priority_classes)
     if pools is not None:
         out["gpushare-untrusted-pool-tolerations"] = _pool_toleration_policy(pools)
     if kueue is not None:
@@ -899,12 +910,14 @@ _DATA_RULES = [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configm
 
 def admission_objects(deployer: Deployer | None = None, system_namespaces: tuple[str, ...] = (),
                       dra: DraClaims | None = None, pools: PoolTaints | None = None,
-                      kueue: str | None = None, enforcement: str = "deny") -> list[dict[str, Any]]:
+                      kueue: str | None = None, enforcement: str = "deny",
+                      priority_classes: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The ValidatingAdmissionPolicy and binding objects, as Kubernetes manifests. `system_namespaces` adds the
     namespaces a stack deploys infrastructure into (operator, Kueue, monitoring) to those never selected; `dra`
     (DRA clusters only) the claim templates tenants may reference; `pools` the cluster's pool taints (pool_taints;
     none by default); `kueue` the user name of Kueue's controller (kueue_user; the installed chart's by default);
-    `enforcement` the environment's admission stage (`warn` on an adopted cluster: staged_actions)."""
+    `enforcement` the environment's admission stage (`warn` on an adopted cluster: staged_actions);
+    `priority_classes` the PriorityClass of each priority (gpushare's own by default)."""
     deployer = deployer or Deployer()
     excluded = excluded_namespaces(system_namespaces)
     out: list[dict[str, Any]] = []
@@ -912,7 +925,7 @@ def admission_objects(deployer: Deployer | None = None, system_namespaces: tuple
     def _binding(name: str, policy: str, actions: list[str], match: dict[str, Any] | None) -> dict[str, Any]:
         return _bound(name, policy, staged_actions(actions, enforcement), match)
 
-    for name, policy in workload_policies(dra, pools, kueue).items():
+    for name, policy in workload_policies(dra, pools, kueue, priority_classes).items():
         out.append(_policy(name, {
             "failurePolicy": "Fail",
             "matchConstraints": {"resourceRules": [dict(r) for r in _WORKLOAD_RULES]},

@@ -29,6 +29,7 @@ from gpushare.policy.rules import (
     RULES,
     WAIVER_RULES,
     Context,
+    Level,
     PlanResource,
     Rule,
     Waiver,
@@ -126,7 +127,8 @@ def context_from_stack(args: StackValidationArgs) -> Context:
 
 
 def _validator(rule: Rule | None, waivers: Callable[[], list[Waiver]], today: Callable[[], date],
-               waiver_rule: str = "") -> Callable[[StackValidationArgs, ReportViolation], None]:
+               waiver_rule: str = "", level: Level | None = None
+               ) -> Callable[[StackValidationArgs, ReportViolation], None]:
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
         try:
             ctx = context_from_stack(args)
@@ -136,7 +138,7 @@ def _validator(rule: Rule | None, waivers: Callable[[], list[Waiver]], today: Ca
         # A waiver policy runs every rule too: whether a waiver is refused depends on what its rule reports.
         report = evaluate(ctx, waivers(), today(), rules=[rule] if rule is not None else None)
         for v in report.violations:
-            if v.rule == (rule.id if rule is not None else waiver_rule):
+            if v.rule == (rule.id if rule is not None else waiver_rule) and level in (None, v.level):
                 report_violation(f"{v.where}: {v.message} (fix: {v.fix})", None)
 
     return validate
@@ -144,15 +146,19 @@ def _validator(rule: Rule | None, waivers: Callable[[], list[Waiver]], today: Ca
 
 def policies(waivers: Callable[[], list[Waiver]] | None = None, today: Callable[[], date] = date.today
              ) -> list[StackValidationPolicy]:
-    """One stack policy per guardrail rule, plus one each for expired and refused waivers."""
+    """One stack policy per guardrail rule, plus one each for expired and refused waivers. A rule whose level the
+    environment decides is two: `<id>` (mandatory) and `<id>-advisory`, each reporting the violations of its level
+    (a policy's enforcement level is fixed before the engine names the stack)."""
     load = waivers or (lambda: load_waivers()[0])
     out = [
         StackValidationPolicy(
-            name=r.id, description=r.description, validate=_validator(r, load, today),
-            enforcement_level=EnforcementLevel.MANDATORY if r.level == "mandatory" else EnforcementLevel.ADVISORY,
+            name=r.id if level == r.level else f"{r.id}-{level}", description=r.description,
+            validate=_validator(r, load, today, level=level),
+            enforcement_level=EnforcementLevel.MANDATORY if level == "mandatory" else EnforcementLevel.ADVISORY,
             remediation_steps=r.remediation,
         )
         for r in RULES.values()
+        for level in ((r.level, "advisory") if r.level_in is not None and r.level != "advisory" else (r.level,))
     ]
     out += [StackValidationPolicy(name=name, description=description,
                                   validate=_validator(None, load, today, name),

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import (
@@ -73,6 +73,9 @@ class Context:
     guardrails: Guardrails
     plan: list[PlanResource] | None = None
     promotion_source: ResolvedFleet | None = None
+    # The environment promote_from names where the workspace has no file for it (an adopted cluster before its
+    # pilot exists): the promotion rule reports it instead of check stopping.
+    promotion_missing: str | None = None
     rendered: Mapping[str, str] | None = None
     environment: str | None = None  # the environment as the CLI or the Pulumi stack names it
     stack_config: Mapping[str, Any] | None = None  # the stack file's config (Pulumi.<stack>.yaml), where one names it
@@ -108,18 +111,32 @@ class Rule:
     remediation: str
     check: Callable[[Context], Iterable[Finding]]
     needs_plan: bool = False
+    # Where the environment decides the level (`level` is then the strictest): one id, whether it passes or fails.
+    level_in: Callable[[Context], Level] | None = None
 
     def run(self, ctx: Context) -> list[Violation]:
-        return [Violation(self.id, self.level, where, message, self.remediation) for where, message in self.check(ctx)]
+        level = self.level_in(ctx) if self.level_in is not None else self.level
+        return [Violation(self.id, level, where, message, self.remediation) for where, message in self.check(ctx)]
 
 
 RULES: dict[str, Rule] = {}
+# Rule ids that were renamed: old id -> (id now, the level the old one reported, or None for any). Waivers and
+# non_waivable may still name the old id; a waiver of it covers what the old rule reported, nothing more.
+RENAMED: dict[str, tuple[str, Level | None]] = {
+    "tenant-quota-above-capacity": ("tenant-quota-within-capacity", "advisory"),
+}
 
 
-def rule(id: str, level: Level, description: str, remediation: str, needs_plan: bool = False
+def current_id(rule_id: str) -> str:
+    """A rule's id now, for an id a waiver or policies/guardrails.yaml may still spell the old way."""
+    return RENAMED[rule_id][0] if rule_id in RENAMED else rule_id
+
+
+def rule(id: str, level: Level, description: str, remediation: str, needs_plan: bool = False,
+         level_in: Callable[[Context], Level] | None = None
          ) -> Callable[[Callable[[Context], Iterable[Finding]]], Callable[[Context], Iterable[Finding]]]:
     def register(fn: Callable[[Context], Iterable[Finding]]) -> Callable[[Context], Iterable[Finding]]:
-        RULES[id] = Rule(id, description, level, remediation, fn, needs_plan)
+        RULES[id] = Rule(id, description, level, remediation, fn, needs_plan, level_in)
         return fn
 
     return register
@@ -829,27 +846,13 @@ def _queued(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("tenant-quota-within-capacity", "mandatory",
-      "Where the environment says so (quota_above_capacity: error), tenants are guaranteed no more of a GPU "
-      "resource than their cluster's pools advertise: a guarantee that cannot be met is not a guarantee.",
-      "lower the tenants' quota to what the pools advertise, or add GPUs; `gpushare plan` shows both")
+      "Tenants are guaranteed no more of a GPU resource than their cluster's pools advertise: Kueue cannot admit a "
+      "guarantee the pools cannot meet, so a tenant counting on it waits. Mandatory where the environment refuses "
+      "the excess (quota_above_capacity: error), as validate and plan do; advisory where they only warn "
+      "(quota_above_capacity: warning, the default).",
+      "lower the tenants' quota to what the pools advertise, or add GPUs; `gpushare plan` shows both",
+      level_in=lambda ctx: "mandatory" if ctx.limits.quota_above_capacity == "error" else "advisory")
 def _quota_within_capacity(ctx: Context) -> Iterator[Finding]:
-    if ctx.limits.quota_above_capacity != "error":
-        return  # a warning there: validate and plan print it
-    from gpushare.core.tenancy import fleet_tenancy
-
-    for ct in fleet_tenancy(ctx.fleet, ctx.guardrails, refuse=False).values():
-        for problem in ct.over_capacity:
-            yield f"{problem.path}", problem.message
-
-
-@rule("tenant-quota-above-capacity", "advisory",
-      "Where the environment allows it (quota_above_capacity: warning, the default), tenants guaranteed more of a "
-      "GPU resource than their cluster's pools advertise are reported, as validate and plan warn: Kueue cannot "
-      "admit the guarantee, so a tenant counting on it waits.",
-      "lower the tenants' quota to what the pools advertise, or add GPUs; `gpushare plan` shows both")
-def _quota_above_capacity(ctx: Context) -> Iterator[Finding]:
-    if ctx.limits.quota_above_capacity == "error":
-        return  # tenant-quota-within-capacity fails there
     from gpushare.core.tenancy import fleet_tenancy
 
     for ct in fleet_tenancy(ctx.fleet, ctx.guardrails, refuse=False).values():
@@ -925,6 +928,12 @@ def _deployer(ctx: Context) -> Iterator[Finding]:
 def _promotion(ctx: Context) -> Iterator[Finding]:
     source = ctx.promotion_source
     if source is None:
+        if ctx.promotion_missing:
+            yield (f"environment {ctx.name}", f"{ctx.name} is promoted from {ctx.promotion_missing} "
+                   f"(policies/guardrails.yaml environments.{ctx.name}.promote_from), which has no environment file "
+                   f"here: nothing shows {ctx.name}'s profiles, layouts, driver branches and toolkit ran there. Make "
+                   f"environments/{ctx.promotion_missing}.yaml (gpushare import or init), or waive this until it "
+                   "exists")
         return
     theirs = {
         "profile": {n.profile for n in source.nodes},
@@ -948,6 +957,34 @@ def _promotion(ctx: Context) -> Iterator[Finding]:
                        f"{what} {value} does not run in {source.environment}")
 
 
+@rule("adoption-staged", "advisory",
+      "An adopted cluster (the environment's adoption: block) keeps some of gpushare's guards staged so its first "
+      "rollout breaks no running work; each is a reviewed step to take.",
+      "once `gpushare diff --env ENV --kubeconfig ...` lists no running workload the step would break, set the field "
+      "to its strict value (admission: deny, pod_security: enforce, shared_gpu_taint: true, host_defaults: true); "
+      "docs/adoption.md walks the steps")
+def _adoption_staged(ctx: Context) -> Iterator[Finding]:
+    adoption = ctx.fleet.env.adoption
+    for fieldname, what in adoption.staged() if adoption else []:
+        yield f"environment {ctx.name}, adoption.{fieldname}", what
+
+
+@rule("untrusted-tenants-need-enforced-admission", "mandatory",
+      "Untrusted tenants are guarded by admission that refuses (adoption.admission: deny) and an enforced Pod "
+      "Security level (adoption.pod_security: enforce): a guard that only warns isolates nobody.",
+      "mark the tenant trusted until the cluster's guards enforce (what the cluster did before the import), or "
+      "take the adoption steps first (admission: deny, pod_security: enforce)")
+def _untrusted_need_enforcement(ctx: Context) -> Iterator[Finding]:
+    adoption = ctx.fleet.env.adoption
+    if adoption is None:
+        return
+    staged = [f for f, _ in adoption.staged() if f in ("admission", "pod_security")]
+    for t in ctx.fleet.tenants:
+        if t.trust != "trusted" and staged:
+            yield f"tenant {t.name}", f"untrusted tenant {t.name} while adoption.{' and adoption.'.join(staged)} " \
+                "only warn"
+
+
 # ---------------------------------------------------------------- waivers
 
 
@@ -962,13 +999,22 @@ class Waiver(Strict):
     @field_validator("rule")
     @classmethod
     def _known_rule(cls, value: str) -> str:
-        if value not in RULES:
+        if value not in RULES and value not in RENAMED:  # an old id still reads
             raise invalid(f"no rule named {value!r}", f"use one of: {', '.join(sorted(RULES))}")
         return value
 
+    # Where it was read ("file: waivers[i]"), for waivers read from several files; set by load_waivers.
+    _location: str | None = PrivateAttr(None)
+
+    @property
+    def rule_id(self) -> str:
+        """The rule's id now (the waiver may spell an old one)."""
+        return current_id(self.rule)
+
     def covers(self, environment: str, violation: Violation) -> bool:
-        return (self.rule == violation.rule and self.environment == environment
-                and fnmatch.fnmatchcase(violation.where, self.where))
+        level = RENAMED[self.rule][1] if self.rule in RENAMED else None
+        return (self.rule_id == violation.rule and level in (None, violation.level)
+                and self.environment == environment and fnmatch.fnmatchcase(violation.where, self.where))
 
 
 class Waivers(Strict):
@@ -987,20 +1033,35 @@ def load_waivers(path: Path | None = None, guardrails: Guardrails | None = None)
         raise GpushareError(Problem("waivers file not found", file=str(path),
                                     fix="check the --waivers path, or leave --waivers out to use "
                                         "policies/waivers.yaml (which may be absent)"), exit_code=2)
-    path = path or waivers_path()
-    if not path.exists():
-        return [], str(path)
-    loaded, doc = load_model(path, Waivers, "Waivers", "waivers file",
-                             "the commented waivers.yaml that `gpushare init` writes", empty={})
-    waivers = loaded.waivers
+    files = [path] if path is not None else [waivers_path(), *waiver_fragment_paths()]
     known = (guardrails or load_guardrails()).environments
-    problems = [doc.problem(("waivers", i, "environment"), f"waiver of {w.rule} names environment "
-                            f"{w.environment!r}, which policies/guardrails.yaml does not know",
-                            f"use one of: {', '.join(known)}")
-                for i, w in enumerate(waivers) if w.environment not in known]
+    waivers: list[Waiver] = []
+    problems: list[Problem] = []
+    first = str(files[0])
+    for file in files:
+        if not file.exists():
+            continue
+        loaded, doc = load_model(file, Waivers, "Waivers", "waivers file",
+                                 "the commented waivers.yaml that `gpushare init` writes", empty={})
+        if file == files[0]:
+            first = doc.file
+        for i, w in enumerate(loaded.waivers):
+            w._location = f"{doc.file}: waivers[{i}]"
+            if w.environment not in known:
+                problems.append(doc.problem(("waivers", i, "environment"), f"waiver of {w.rule} names environment "
+                                            f"{w.environment!r}, which policies/guardrails.yaml does not know",
+                                            f"use one of: {', '.join(known)}"))
+        waivers.extend(loaded.waivers)
     if problems:
         raise GpushareError(problems)
-    return waivers, doc.file
+    return waivers, first
+
+
+def waiver_fragment_paths() -> list[Path]:
+    """policies/waivers.d/*.yaml: waivers kept apart from waivers.yaml (`gpushare import` writes an adopted
+    cluster's there, dated), read with it unless --waivers names one file."""
+    folder = project_root() / "policies" / "waivers.d"
+    return sorted(folder.glob("*.yaml")) if folder.is_dir() else []
 
 
 # The violations about waivers themselves: (description, remediation).
@@ -1040,10 +1101,10 @@ def _matches_everything(glob: str) -> bool:
 def waiver_refusal(ctx: Context, waiver: Waiver, today: date, targets: set[str]) -> tuple[str, str] | None:
     """Why a waiver cannot be accepted, with the fix; None when it can."""
     g = ctx.guardrails
-    if waiver.rule in ctx.limits.non_waivable:
+    if waiver.rule_id in {current_id(r) for r in ctx.limits.non_waivable}:
         return (f"{waiver.rule} cannot be waived in {ctx.name} (policies/guardrails.yaml "
                 f"environments.{ctx.name}.non_waivable)", f"fix what {waiver.rule} reports and remove the waiver")
-    if waiver.rule in ctx.base_non_waivable:
+    if waiver.rule_id in {current_id(r) for r in ctx.base_non_waivable}:
         return (f"{waiver.rule} is non-waivable in {ctx.name} at {ctx.base} (policies/guardrails.yaml "
                 f"environments.{ctx.name}.non_waivable): this change lifts it from non_waivable and waives it at once",
                 "propose the change to non_waivable on its own; once it has merged, the waiver can follow in a "
@@ -1096,7 +1157,7 @@ def load_checked_guardrails(path: Path | None = None) -> Guardrails:
                         file=str(path or guardrails_path()), path=f"environments.{env}.non_waivable",
                         fix=f"use rule ids of `gpushare check`: {', '.join(sorted(RULES))}")
                 for env, limits in guardrails.environments.items()
-                if (unknown := [r for r in limits.non_waivable if r not in RULES])]
+                if (unknown := [r for r in limits.non_waivable if r not in RULES and r not in RENAMED])]
     if problems:
         raise GpushareError(problems)
     return guardrails
@@ -1117,14 +1178,14 @@ def evaluate(ctx: Context, waivers: list[Waiver], today: date, waivers_file: str
     for i, w in enumerate(waivers):
         if w.environment != env:
             continue
-        where = f"{waivers_file}: waivers[{i}]"
+        where = w._location or f"{waivers_file}: waivers[{i}]"
         if w.expires < today:
             description, fix = WAIVER_RULES["waiver-expired"]
             report.violations.append(Violation(
                 "waiver-expired", "mandatory", where,
                 f"the waiver of {w.rule} for {w.where} expired on {w.expires.isoformat()}", fix))
             continue
-        refusal = waiver_refusal(ctx, w, today, targets | {v.where for v in found if v.rule == w.rule})
+        refusal = waiver_refusal(ctx, w, today, targets | {v.where for v in found if v.rule == w.rule_id})
         if refusal is not None:
             report.violations.append(Violation("waiver-refused", "mandatory", where, *refusal))
         else:
@@ -1158,12 +1219,20 @@ def context_for(env: str, plan: list[PlanResource] | None = None, guardrails: Gu
     named = environment_stem(path)
     g = guardrails or load_checked_guardrails()
     limits = g.environment(named)
-    source = resolve_env(limits.promote_from) if limits.promote_from else None
+    source, missing = None, None
+    if limits.promote_from:
+        try:
+            path_of_source = environment_path(limits.promote_from)
+        except GpushareError:  # no such file: the promotion rule says so, with its fix
+            missing = limits.promote_from
+        else:
+            source = resolve_env(str(path_of_source))
     config = stack_settings(env)
     from gpushare.core.stacks import ENVIRONMENT_KEY, environment_file
 
     deployed = environment_file(config[ENVIRONMENT_KEY]) if config and config.get(ENVIRONMENT_KEY) else None
-    return Context(fleet=fleet, guardrails=g, plan=plan, promotion_source=source, environment=named,
+    return Context(fleet=fleet, guardrails=g, plan=plan, promotion_source=source, promotion_missing=missing,
+                   environment=named,
                    stack_config=config, deployed=deployed, base=base,
                    base_non_waivable=non_waivable_at(base, named) if base else ())
 

@@ -107,6 +107,10 @@ def test_the_first_rollout_of_an_adopted_cluster_keeps_what_runs(tmp_path: Path,
     data = objects["ConfigMap gpu-operator/gpushare-device-plugin-configs"]["data"]
     assert yaml.safe_load(data["tesla-t4"]) == yaml.safe_load(
         yaml.safe_load((DOCS / "configmaps.yaml").read_text())["items"][0]["data"]["tesla-t4"])
+    # The cluster's own PriorityClasses of gpushare's values stay the ones pods name: no second class beside them.
+    assert not [k for k in objects if k.startswith("PriorityClass ")]
+    policy = objects["ValidatingAdmissionPolicy gpushare-tenant-priority-class"]["spec"]["validations"][0]
+    assert "['high-priority', 'low-priority']" in policy["expression"]
     # The Prometheus stack the ClusterPolicy shows is reused, not installed twice.
     stack = yaml.safe_load((workspace / "Pulumi.prod.yaml").read_text())["config"]
     assert stack["gpushare:monitoring"]["mode"] == "existing"

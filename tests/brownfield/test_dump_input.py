@@ -70,7 +70,7 @@ WRONG_TYPES = [
 def test_a_field_of_the_wrong_type_is_a_located_error(tmp_path: Path, what: str, fixture: str, file: str, old: str,
                                                       new: str, path: str) -> None:
     code, out = _import(tmp_path, _dumps(tmp_path, fixture, {file: (old, new)}))
-    assert code == 1, out
+    assert code == 2, out  # unreadable dumps (docs/cli.md)
     problem = out["problems"][0]
     assert problem["file"].endswith(file) and problem["path"] == path, problem
     assert "kubectl get -o yaml" in problem["fix"]
@@ -91,7 +91,7 @@ def test_drift_refuses_a_bad_managed_fields_time_and_reads_a_good_one(tmp_path: 
     text = (good / NODES).read_text().replace("'2026-12-01T10:00:00Z'", "'2026-13-45T99:00:00Z'")
     (good / NODES).write_text(text)
     code, out = cli("drift", "--env", "dev", "--from", str(good))
-    assert code == 1, out
+    assert code == 2, out  # bad input, not drift (docs/cli.md)
     assert "not an RFC 3339 time" in out["errors"][0], out
 
 
@@ -158,7 +158,7 @@ def test_a_node_in_two_files_with_other_content_is_refused_and_an_identical_copy
     shutil.rmtree(tmp_path / "ws")
     (dumps / "more-nodes.yaml").write_text((dumps / NODES).read_text().replace("10.0.1.12", "10.0.1.99"))
     code, out = _import(tmp_path, dumps)
-    assert code == 1, out
+    assert code == 2, out  # unreadable dumps: which copy the cluster holds cannot be known
     problem = out["problems"][0]
     assert "Node/gpu-a100-02 is also in" in problem["message"] and problem["file"].endswith("nodes.yaml"), problem
 

@@ -97,7 +97,9 @@ def test_import_json_contract_and_report(imported: Imported) -> None:
         "profiles/all-balanced.yaml", "profiles/ts-2.yaml", "profiles/ts-4.yaml",
         # the adoption stage: limits measured on the cluster, for an environment guardrails.yaml does not name
         f"policies/guardrails.d/{ENV}.yaml", *(f"policies/waivers.d/{ENV}-adoption.yaml"
-                                              for _ in out["adoption"]["waived"][:1])])
+                                              for _ in out["adoption"]["waived"][:1]),
+        # the device-plugin configs the nodes name today, kept under their names until the rollout relabels them
+        f"imports/{ENV}-configs/ts-2.yaml", f"imports/{ENV}-configs/ts-4.yaml"])
     assert {(u["object"], u["field"]) for u in out["unsupported"]} == {
         ("Node/a100-02", "labels[nvidia.com/mig.config.state]"),
         ("Node/a100-02", "status.allocatable"),  # mid-change: it still allocates its old layout
@@ -138,13 +140,15 @@ def test_import_tenants_from_quotas_and_kueue(imported: Imported) -> None:
     assert {n: t.get("pod_security") for n, t in tenants.items()} == {"research": "baseline", "search": "restricted"}
     assert {t["quota_name"] for t in tenants.values()} == {"gpu-quota"}
     assert env["adoption"] == {"imported": env["adoption"]["imported"], "admission": "warn", "pod_security": "warn",
-                               "shared_gpu_taint": False, "host_defaults": False}
+                               "shared_gpu_taint": False, "host_defaults": False,
+                               # the site's gpu-online has gpushare's online value: kept, never a second class
+                               "priority_classes": {"online": "gpu-online"}}
     stack = yaml.safe_load((workspace / f"Pulumi.{ENV}.yaml").read_text())["config"]
     assert stack["gpushare:kueue"] == {"mode": "existing"}  # the cluster runs Kueue: never a second one
     assert stack["gpushare:monitoring"]["mode"] == "install"  # nothing shows a Prometheus stack here
     reported = {(u["object"], u["field"]) for u in out["unsupported"]}
     assert ("ResourceQuota/search/gpu-quota", "spec.hard[requests.cpu]") in reported
-    assert ("PriorityClass/gpu-online", "value") in reported
+    assert ("PriorityClass/gpu-online", "value") in reported  # said: kept in gpushare's online place
     assert ("ClusterQueue/research-cq", "spec.cohort") in reported
     assert not any(u["object"] == "PriorityClass/system-cluster-critical" for u in out["unsupported"])
 

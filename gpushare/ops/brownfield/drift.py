@@ -113,7 +113,7 @@ def sharing_of(content: dict[str, Any] | None, resources: list[str]) -> tuple[An
 
 def sharing_text(name: str | None, content: dict[str, Any] | None, resources: list[str]) -> str:
     what = sharing_of(content, resources)
-    detail = what[0] if len(what) == 1 else f"{what[0]} {','.join(f'{r}x{n}' for r, n in what[1])}" + (
+    detail = what[0] if len(what) == 1 else f"{what[0]} {','.join(f'{r} x{n}' for r, n in what[1])}" + (
         " renamed" if what[2] else "")
     return f"{name or '(none)'}: {detail}"
 

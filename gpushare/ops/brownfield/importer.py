@@ -109,6 +109,7 @@ class _Importer:
             name: sharing_config(name, data, self.unsupported, f"ConfigMap/{self.dp_source.configmap}")
             for name, data in self.dp_source.configs.items()}
         self.mig: dict[str, list[dict[str, Any]]] = self.mig_source.configs
+        self.kept_priority_classes: dict[str, str] = {}
 
     def note(self, obj: str, where: str, reason: str) -> None:
         self.unsupported.append(Unsupported(obj, where, reason))
@@ -382,6 +383,22 @@ class _Importer:
             return {"mode": "existing", "release": release, "namespace": "monitoring"}
         return {"mode": "install", "release": "kube-prometheus-stack", "namespace": "monitoring"}
 
+    def priority_classes(self, wanted: dict[str, tuple[int, str]]) -> dict[str, str]:
+        """The cluster's own PriorityClasses with the value and preemption policy of gpushare's online and batch
+        (`wanted`): kept in their place (adoption.priority_classes), never a second class of the same value."""
+        found: dict[str, str] = {}
+        for priority, (value, preemption) in sorted(wanted.items()):
+            same = sorted(name_of(o) for o in self.state.of("PriorityClass") if not name_of(o).startswith("system-")
+                          and o.get("value") == value
+                          and (o.get("preemptionPolicy") or "PreemptLowerPriority") == preemption)
+            if same and is_dns_label(same[0]):
+                found[priority] = same[0]
+                self.note(f"PriorityClass/{same[0]}", "value", f"{value} ({preemption}), as gpushare's {priority} "
+                          f"priority: kept in its place (adoption.priority_classes.{priority}); tenants' pods keep "
+                          "naming it")
+        self.kept_priority_classes = found
+        return found
+
     def kueue_runs(self) -> bool:
         return any(self.state.of(kind) for kind in ("ClusterQueue", "LocalQueue", "ResourceFlavor"))
 
@@ -511,8 +528,9 @@ class _Importer:
         for obj in self.state.of("NVIDIADriver"):
             self.note(f"NVIDIADriver/{name_of(obj)}", "spec", "per-pool driver objects: gpushare pins one driver "
                       "branch per environment or host (driver_branch)")
+        kept = set(self.kept_priority_classes.values())
         for obj in self.state.of("PriorityClass"):
-            if not name_of(obj).startswith("system-"):
+            if not name_of(obj).startswith("system-") and name_of(obj) not in kept:
                 self.note(f"PriorityClass/{name_of(obj)}", "value", "gpushare has two priorities, online and batch; "
                           "map tenants to them by hand")
         for what, where in self.state.unknown:
@@ -524,7 +542,7 @@ class _Importer:
 
 def import_cluster(state: ClusterState, env: str, existing: dict[str, Any] | None = None,
                    context: str | None = None, toolkit_floor: str | None = None,
-                   today: date | None = None) -> ImportResult:
+                   today: date | None = None, priorities: dict[str, tuple[int, str]] | None = None) -> ImportResult:
     """The workspace files (environment, profiles, Pulumi stack) that reproduce the cluster. `existing`: the
     workspace's profiles by name; an imported profile equal to one of them is reused, never overwritten.
     `context`: the kubeconfig context the cluster was read through, written on the cluster. `toolkit_floor`: the
@@ -543,6 +561,7 @@ def import_cluster(state: ClusterState, env: str, existing: dict[str, Any] | Non
     reused = _settle_names(imp, nodes, existing or {})
     driver = Counter(n.driver for n in nodes).most_common(1)[0][0] if nodes else FALLBACK_DRIVER
     toolkit = imp.toolkit_version(toolkit_floor)
+    kept_classes = imp.priority_classes(priorities or {})
     imp.leftovers({n.device_plugin_config for n in nodes if n.device_plugin_config},
                   {n.mig_config for n in nodes if n.mig_config}, driver, toolkit)
     pools = _pools(nodes, imp.profiles, env, driver)
@@ -559,7 +578,8 @@ def import_cluster(state: ClusterState, env: str, existing: dict[str, Any] | Non
         "description": f"Imported from a running cluster ({state.source}); review before the first rollout.",
         # Every guard that would change what runs is staged; each moves in a reviewed step (docs/adoption.md).
         "adoption": {"imported": (today or date.today()).isoformat(), "admission": "warn", "pod_security": "warn",
-                     "shared_gpu_taint": False, "host_defaults": False},
+                     "shared_gpu_taint": False, "host_defaults": False,
+                     **({"priority_classes": kept_classes} if kept_classes else {})},
         "defaults": {"driver_branch": driver, "toolkit_version": toolkit},
         "clusters": [cluster], "pools": pools, "tenants": imp.tenants(advertised)}
     files = {f"environments/{env}.yaml": _environment_text(environment, imp.unsupported, state.source),

@@ -191,7 +191,11 @@ class Api:
         path = str(res.path())
         answer = self.request("GET", path)
         self.must(answer, f"GET {path}")
-        return list(answer.body.get("items") or [])
+        items = list(answer.body.get("items") or [])
+        for item in items:  # a list's items carry neither
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return items
 
     def apply_dry_run(self, obj: dict[str, Any], force: bool) -> Answer:
         path = self.path(obj)
@@ -382,10 +386,15 @@ def live_diff(env: str, api: Api, cluster: str | None = None, objects: list[dict
     runs there. `objects`: the manifests to judge (default: the offline preview's, as `gpushare preview` writes
     them)."""
     fleet, cluster = single_cluster(env, cluster)
+    made: set[str] = set()  # namespaces the rollout's Helm releases create (create_namespace)
     if objects is None:
         from gpushare.ops.preview import collect_plan, kubernetes_objects
 
-        objects = [o.body for o in kubernetes_objects(collect_plan(env)) if o.cluster == cluster]
+        plan = collect_plan(env)
+        objects = [o.body for o in kubernetes_objects(plan) if o.cluster == cluster]
+        made = {str(r.inputs.get("namespace")) for r in plan.resources if r.type.endswith(":Release")
+                and plan.cluster_of(r) == cluster and r.inputs.get("createNamespace")}
+    made |= {str(o["metadata"]["name"]) for o in objects if o.get("kind") == "Namespace"}
     report = DiffReport(fleet.environment, cluster)
     live = _Live(api)
     after: dict[str, dict[str, Any]] = {}  # ident -> the object as the dry run says it would be stored
@@ -397,6 +406,11 @@ def live_diff(env: str, api: Api, cluster: str | None = None, objects: list[dict
             report.refused.append(f"{name}: {answer.body.get('message', 'conflict')} (pulumi up stops here unless "
                                   "those fields are released, or the object carries pulumi.com/patchForce)")
             answer = api.apply_dry_run(obj, force=True)
+        namespace = (obj.get("metadata") or {}).get("namespace")
+        if answer.status == 404 and before is None and namespace in made:
+            # Its namespace comes with the rollout (a Helm release makes it): created, judged once it exists.
+            report.changes.append(Change(name, "", None, "created"))
+            continue
         if not answer.ok:
             report.refused.append(f"{name}: the API server refuses it: {answer.body.get('message', answer.status)}")
             continue

@@ -16,6 +16,20 @@ from gpushare.ops.capacity.recommendations import Recommendation, _resource
 from gpushare.ops.patch import Proposal, dump_yaml, keep_untouched_lines, roundtrip_yaml
 
 
+def shared_description(kind: str, replicas: int, source: str) -> str:
+    """A proposed profile's description, said from its own replica count: never the description of the profile it
+    was made from, whose words ("Two light inference services per GPU") count that one's replicas."""
+    if kind == "mps":
+        what = (f"{replicas} MPS clients per GPU, each limited to 1/{replicas} of its memory and SMs. "
+                "Memory-partitioned, not fault-isolated: one client's fatal error can take down the others.")
+    elif kind == "mig-time-slicing":
+        what = (f"{replicas} pods take turns on each MIG instance. Pods sharing one instance are not isolated from "
+                "each other; trusted tenants only.")
+    else:
+        what = f"{replicas} pods take turns on each GPU. No memory or fault isolation: trusted tenants only."
+    return f"{what} Proposed by gpushare capacity from {source}."
+
+
 def _profile_for_replicas(fleet: ResolvedFleet, guardrails: Guardrails, pool: ResolvedPool, replicas: int,
                           new_profiles: dict[str, dict[str, Any]]) -> tuple[str | None, str]:
     """An existing profile like the pool's with `replicas`, or a new one where the environment allows any."""
@@ -36,7 +50,8 @@ def _profile_for_replicas(fleet: ResolvedFleet, guardrails: Guardrails, pool: Re
                       "in the promotion source first")
     data = current.model_dump(mode="json", exclude_defaults=True)
     data.update({block: {**data.get(block, {}), "replicas": replicas}})
-    data["description"] = f"{current.description.strip()} (replicas {replicas}, proposed by gpushare capacity)"
+    data["description"] = shared_description(current.kind, replicas, f"{current.name} "
+                                             f"({getattr(current, block).replicas} replicas)")
     for name, made in new_profiles.items():  # another pool of this patch already proposes the same profile
         if {**made, "name": ""} == {**data, "name": ""}:
             return name, ""

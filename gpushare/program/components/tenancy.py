@@ -23,7 +23,13 @@ from gpushare.core import dra, spec
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet
-from gpushare.core.tenancy import KUEUE_EXCLUDED_PREFIXES, ClusterTenancy, cluster_tenancy, kueue_resources
+from gpushare.core.tenancy import (
+    KUEUE_EXCLUDED_PREFIXES,
+    ClusterTenancy,
+    cluster_tenancy,
+    kueue_resources,
+    priority_class_names,
+)
 from gpushare.policy.admission import Deployer, DraClaims, admission_objects, kueue_user, pool_taints
 from gpushare.program.stack_config import ChartSource, KueueSettings
 
@@ -189,7 +195,8 @@ class Tenancy(pulumi.ComponentResource):
         adoption = args.fleet.env.adoption
         for obj in admission_objects(args.deployer, excluded, dra_claims(args.fleet, args.cluster),
                                      pool_taints(tenancy), kueue_identity,
-                                     enforcement=adoption.admission if adoption else "deny"):
+                                     enforcement=adoption.admission if adoption else "deny",
+                                     priority_classes=priority_class_names(args.fleet)):
             res_name = f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}"
             if obj["kind"] == "ValidatingAdmissionPolicy":
                 ValidatingAdmissionPolicy(res_name, metadata=_meta(obj), spec=obj["spec"], opts=k8s)
