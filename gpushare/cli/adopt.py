@@ -14,8 +14,10 @@ from gpushare.cli.common import EnvOption, JsonOption, fail, finite
 from gpushare.core.errors import GpushareError, Problem
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from gpushare.ops.brownfield.cluster import ClusterState
-    from gpushare.ops.brownfield.drift import DriftReport
+    from gpushare.ops.brownfield.drift import Drift, DriftReport
     from gpushare.ops.brownfield.importer import ImportResult
 
 FromOption = Annotated[Path | None, typer.Option("--from", help="Folder of `kubectl get ... -o yaml` dumps "
@@ -87,8 +89,11 @@ def import_command(
         configs, problems, todo = _resolved_configs(workspace, result)
     except GpushareError as err:
         raise fail(err, as_json) from None
+    from gpushare.ops.brownfield.importer import operator_takeover
+
+    takeover = operator_takeover(result.operator_release, env, env)
     todo = [f"REMEDIATION (no waiver may cover it; check fails until it is fixed): {r['rule']} at {r['where']}: "
-            f"{r['message']}; fix: {r['fix']}" for r in stage.remediation] + todo
+            f"{r['message']}; fix: {r['fix']}" for r in stage.remediation] + todo + ([takeover] if takeover else [])
     source = f"--from {from_dir}" if from_dir is not None else f"--kubeconfig {kubeconfig}" + (
         f" --context {context}" if context else "")
     if as_json:
@@ -215,6 +220,8 @@ def drift_command(
     stuck_after: Annotated[float, typer.Option(
         "--stuck-after", min=0, max=525_600, callback=finite,  # a year: beyond it the threshold means "never"
         help="Minutes a MIG change may stay pending or rebooting before it counts as drift.")] = 30.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every pending change under its node, not "
+                                          "one line per kind.")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Per node, Git against the cluster: gpushare's labels, MIG config and state, paused operands, device-plugin
@@ -234,7 +241,7 @@ def drift_command(
     if as_json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
-        print_drift(report)
+        print_drift(report, verbose=verbose)
     if not report.ok:
         raise typer.Exit(code=1)
 
@@ -250,20 +257,101 @@ def pick_cluster(clusters: list[str], wanted: str | None) -> str:
                         exit_code=2)
 
 
-def print_drift(report: DriftReport) -> None:
-    from rich.console import Console
+# The order kinds are listed in, within a node and in the counts: what a rollout refuses to start on first.
+DRIFT_KINDS = ("missing-host", "unknown-node", "mig-state", "paused-operand", "advertised", "mig-config",
+               "device-plugin", "taint", "label", "toolkit-version")
 
-    from gpushare.cli.common import print_records
+
+def print_drift(report: DriftReport, verbose: bool = False) -> None:
+    """The summary first (counts by kind, nodes), then each drift item under its node, then the pending changes:
+    one line per kind with the nodes it touches, or with `verbose` each under its node. Values are plain text,
+    never markup (`labels[gpushare.io/pool]` keeps its brackets), wrapped at word boundaries."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from gpushare.cli.common import key_values
 
     console = Console(highlight=False)
-    columns = ("node", "kind", "field", "git", "cluster")
-    for title, items in (("drift", report.drift), ("pending (the next rollout applies these)", report.pending)):
-        if not items:
-            continue
-        # Cells are plain text, never markup: `labels[gpushare.io/pool]` keeps its brackets. Narrower than the
-        # table: a block per item headed "node  kind  field".
-        print_records(console, f"{report.environment}: {title}", columns,
-                      [{"node": d.node, "kind": d.kind, "field": d.field, "git": d.git, "cluster": d.cluster}
-                       for d in items], heading=("node", "kind", "field"), show_lines=False)
-    verdict = "no drift" if report.ok else f"{len(report.drift)} drift items"
-    console.print(f"{report.environment}: {verdict}, {len(report.pending)} pending", markup=False)
+    console.print(Text(_drift_summary(report)))
+    key_values(console, [(section, Text(", ".join(f"{k} {n}" for k, n in _by_kind(items).items())))
+                         for section, items in (("drift", report.drift), ("pending", report.pending)) if items])
+    if report.drift:
+        console.print()
+        console.print(Text("drift, by node:"))
+        _print_by_node(console, report.drift, pending=False)
+    if report.pending and verbose:
+        console.print()
+        console.print(Text("pending (the next rollout applies these), by node:"))
+        _print_by_node(console, report.pending, pending=True)
+    elif report.pending:
+        console.print()
+        console.print(Text("pending (the next rollout applies these; --verbose lists each):"))
+        kinds = _by_kind(report.pending)
+        digits = len(str(max(kinds.values())))
+        room = max(20, console.width - 2 - max(len(k) for k in kinds) - 2)  # key_values' room beside the keys
+        key_values(console, [(kind, Text(_nodes_text(f"{count:>{digits}}", sorted(
+            {d.node for d in report.pending if d.kind == kind}), room, report.nodes)))
+            for kind, count in kinds.items()])
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _drift_summary(report: DriftReport) -> str:
+    drift = f"{_count(len(report.drift), 'drift item')} on {_count(len({d.node for d in report.drift}), 'node')}" \
+        if report.drift else "no drift"
+    pending = f"{len(report.pending)} pending on {_count(len({d.node for d in report.pending}), 'node')}" \
+        if report.pending else "nothing pending"
+    compared = f" ({_count(report.nodes, 'node')} compared)" if report.nodes else ""
+    return f"{report.environment}: {drift}, {pending}{compared}"
+
+
+def _kind_order(kind: str) -> tuple[int, str]:
+    return (DRIFT_KINDS.index(kind) if kind in DRIFT_KINDS else len(DRIFT_KINDS), kind)
+
+
+def _by_kind(items: list[Drift]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for d in sorted(items, key=lambda d: _kind_order(d.kind)):
+        counts[d.kind] = counts.get(d.kind, 0) + 1
+    return counts
+
+
+def _print_by_node(console: Console, items: list[Drift], pending: bool) -> None:
+    """A heading line per node (`node: 3 drift items`), then its items by kind: `kind  field  git: X  cluster: Y`
+    where that fits the width, otherwise `kind  field` and the values beside their keys below it."""
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    from gpushare.cli.common import key_values
+
+    by_node: dict[str, list[Drift]] = {}
+    for d in items:
+        by_node.setdefault(d.node, []).append(d)
+    for node, entries in sorted(by_node.items()):
+        console.print(Text(f"{node}: {f'{len(entries)} pending' if pending else _count(len(entries), 'drift item')}"))
+        for d in sorted(entries, key=lambda d: _kind_order(d.kind)):  # stable: a kind's items keep their order
+            line = f"  {d.kind}  {d.field}  git: {d.git}  cluster: {d.cluster}"
+            if cell_len(line) <= console.width and "\n" not in line:
+                console.print(Text(line), soft_wrap=True)
+                continue
+            console.print(Text(f"  {d.kind}  {d.field}"))
+            key_values(console, [("git", Text(d.git)), ("cluster", Text(d.cluster))], indent=4)
+
+
+def _nodes_text(count: str, nodes: list[str], room: int, compared: int = 0) -> str:
+    """`30 on 5 nodes: a, b, c, d, e`, naming as many nodes as fit in `room` and then `and N more`; one node:
+    `1 on a`; every node compared (more than one): `30 on all 5 nodes`."""
+    if len(nodes) == 1:
+        return f"{count} on {nodes[0]}"
+    if len(nodes) == compared:
+        return f"{count} on all {compared} nodes"
+    text = f"{count} on {len(nodes)} nodes: {nodes[0]}"
+    for i, name in enumerate(nodes[1:], 1):
+        rest = len(nodes) - i - 1
+        more = f" and {rest} more" if rest else ""
+        if len(text) + 2 + len(name) + len(more) > room:  # the previous name's check left room for `and N more`
+            return f"{text} and {len(nodes) - i} more"
+        text += f", {name}"
+    return text

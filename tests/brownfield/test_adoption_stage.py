@@ -5,6 +5,7 @@ step; and bad adoption input is refused with its file, field and fix."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +167,22 @@ def test_bad_adoption_input_is_refused_with_file_field_and_fix(tmp_path: Path,
         "    where: x\n    reason: because it is so\n    expires: '2026-12-31'\n")
     code, out = cli("check", "--env", "east")
     assert code in (1, 2) and "bad.yaml" in str(out) and "no rule named" in str(out)
+
+
+def test_the_running_operator_release_is_taken_over_never_installed_twice(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    _, out = adopt(tmp_path / "same", monkeypatch, "prod")
+    step = next(s for s in out["next"] if "pulumi import" in s)
+    assert "kubernetes:helm.sh/v3:Release prod-nvidia-gpu-operator gpu-operator/gpu-operator" in step
+    # NVIDIA's docs install with --generate-name: a release of another name cannot be taken over, and the import
+    # says so first thing, instead of a rollout that would run a second operator beside it.
+    dumps = tmp_path / "generated"
+    shutil.copytree(DOCS, dumps)
+    policy = dumps / "clusterpolicies.yaml"
+    policy.write_text(policy.read_text().replace("release-name: gpu-operator,", "release-name: gpu-operator-1733,"))
+    workspace = tmp_path / "other"
+    write_workspace(workspace)
+    code, out = cli("import", "--from", str(dumps), "--env", "prod", "--out", str(workspace))
+    assert code == 0, out
+    remediation = [s for s in out["next"] if s.startswith("REMEDIATION")]
+    assert remediation and "'gpu-operator-1733'" in remediation[0] and "second operator" in remediation[0]

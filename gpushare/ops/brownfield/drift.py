@@ -64,6 +64,9 @@ class DriftReport:
     environment: str
     drift: list[Drift] = field(default_factory=list)
     pending: list[Drift] = field(default_factory=list)
+    # How many nodes were compared (Git's hosts of the cluster and its GPU nodes Git does not know); the text
+    # summary says it, the JSON leaves it out. 0: not counted.
+    nodes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -296,4 +299,5 @@ def find_drift(fleet: ResolvedFleet, state: ClusterState, cluster: str, now: dat
             labels = labels_of(node)
             shown = f"{labels.get(PRODUCT_LABEL, 'GPU')} x{labels.get(COUNT_LABEL, '?')}"
             report.drift.append(Drift(name_of(node), "unknown-node", "node", "absent", shown))
+    report.nodes = len(known | {name_of(n) for n in state.gpu_nodes()})
     return report

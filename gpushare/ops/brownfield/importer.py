@@ -76,6 +76,9 @@ class ImportResult:
     mapping: dict[str, list[str]]  # "mig.config=NAME" / "device-plugin.config=NAME" -> the profiles it became
     unsupported: list[Unsupported]
     nodes: list[ImportedNode] = field(default_factory=list)
+    # The Helm release (namespace, name) that installed the running GPU Operator, from its ClusterPolicy's
+    # meta.helm.sh annotations; None where Helm did not (or the dump does not say).
+    operator_release: tuple[str, str] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"environment": self.environment, "files": sorted(self.files), "mapping": self.mapping,
@@ -595,7 +598,12 @@ def import_cluster(state: ClusterState, env: str, existing: dict[str, Any] | Non
     files[f"imports/{env}-report.yaml"] = _dump({"environment": env, "source": state.source,
                                                  "mapping": imp.mapping,
                                                  "unsupported": [u.as_dict() for u in imp.unsupported]})
-    return ImportResult(env, files, imp.mapping, imp.unsupported, nodes)
+    annotations = (state.cluster_policy.get("metadata") or {}).get("annotations") or {} \
+        if isinstance(state.cluster_policy, dict) else {}
+    release = (str(annotations.get("meta.helm.sh/release-namespace", "")),
+               str(annotations.get("meta.helm.sh/release-name", "")))
+    return ImportResult(env, files, imp.mapping, imp.unsupported, nodes,
+                        operator_release=release if all(release) else None)
 
 
 def _settle_names(imp: _Importer, nodes: list[ImportedNode], existing: dict[str, Any]) -> set[str]:
@@ -681,6 +689,29 @@ def _stack_text(env: str, monitoring: dict[str, Any], kueue_runs: bool, adopted:
         text += "".join(f"    - name: {name}\n      file: {rel}\n      adopted: true\n"
                         for name, rel in adopted.items())
     return text.replace("  # \n", "")
+
+
+# The release gpushare's stack installs the GPU Operator as (program/components/nvidia_stack.py).
+OPERATOR_RELEASE = ("gpu-operator", "gpu-operator")
+
+
+def operator_takeover(release: tuple[str, str] | None, env: str, cluster: str) -> str | None:
+    """The step that brings a running GPU Operator's Helm release into the stack before the first `pulumi up`, so
+    that it is upgraded in place, never installed a second time beside it."""
+    if release is None:
+        return None
+    namespace, name = release
+    resource = f"{cluster}-nvidia-gpu-operator"
+    parent = f"urn:pulumi:{env}::gpushare::pulumi:pulumi:Stack$gpushare:nvidia:NvidiaStack::{cluster}-nvidia"
+    if release != OPERATOR_RELEASE:
+        return (f"REMEDIATION: the GPU Operator runs as Helm release {name!r} in namespace {namespace!r}, and gpushare "
+                f"installs it as {OPERATOR_RELEASE[1]!r} in {OPERATOR_RELEASE[0]!r}, and cannot take over a release "
+                "of another name: the first `pulumi up` would install a second operator beside it, which must never "
+                "run. Do not roll out until the running operator is that release (a maintenance window: NVIDIA's "
+                "upgrade guide), then import it as docs/adoption.md says")
+    return (f"before the first `pulumi up`, bring the running release into the stack (upgraded in place, never "
+            f"installed twice): pulumi import -s {env} kubernetes:helm.sh/v3:Release {resource} "
+            f"{namespace}/{name} --parent 'parent={parent}'")
 
 
 def still_needed(workspace: Path, fleet: ResolvedFleet) -> list[str]:
