@@ -273,8 +273,10 @@ def print_drift(report: DriftReport, verbose: bool = False) -> None:
 
     console = Console(highlight=False)
     console.print(Text(_drift_summary(report)))
-    key_values(console, [(section, Text(", ".join(f"{k} {n}" for k, n in _by_kind(items).items())))
-                         for section, items in (("drift", report.drift), ("pending", report.pending)) if items])
+    counts = [(section, Text(", ".join(f"{k} {n}" for k, n in _by_kind(items).items())))
+              for section, items in (("drift", report.drift), ("pending", report.pending)) if items]
+    if counts:
+        key_values(console, counts)
     if report.drift:
         console.print()
         console.print(Text("drift, by node:"))

@@ -36,7 +36,7 @@ def text_of(*args: str) -> tuple[int, str]:
 def json_of(*args: str) -> dict[str, Any]:
     code, out = cli("drift", "--env", ENV, "--from", str(CLUSTERS / FIXTURE), *args)
     assert code == (0 if out["ok"] else 1)
-    return out  # type: ignore[no-any-return]
+    return out
 
 
 def summary_of(out: str) -> str:
@@ -158,3 +158,9 @@ def test_many_nodes_are_abbreviated_on_one_line(monkeypatch: pytest.MonkeyPatch,
     out = capsys.readouterr().out
     assert_fits_whole(out, [d.as_dict() for d in report.pending])
     assert Counter(entries_by_node(out, "pending")) == Counter((d.node, d.kind, d.field) for d in report.pending)
+
+
+def test_a_clean_report_is_its_summary(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    print_drift(DriftReport("prod", nodes=3), verbose=True)
+    assert capsys.readouterr().out == "prod: no drift, nothing pending (3 nodes compared)\n"

@@ -176,6 +176,12 @@ def adopted(clusters, tmp_path_factory):  # type: ignore[no-untyped-def]
         code, diff = gpushare(workspace, "diff", "--env", ENV, "--kubeconfig", str(cluster.kubeconfig),
                               "--context", cluster.name, "--json")
         assert code == 0, diff
+        effects: dict[str, int] = {}
+        for i in diff["impact"]:
+            effects[i["effect"]] = effects.get(i["effect"], 0) + 1
+        print(f"\n{name}: diff announced {len(diff['changes'])} changed fields in "
+              f"{len({c['object'] for c in diff['changes']})} objects, impact {effects}: "
+              + "; ".join(f"{i['effect']} {i['workload']}" for i in diff["impact"]))
         done[name] = (kube, cluster, workspace, imported, diff,
                       {p["metadata"]["name"] for p in before if not _of_job(p)}, namespaces)
         return done[name]
@@ -262,6 +268,14 @@ def test_moving_admission_to_deny_is_announced_and_refused_by_the_rollout(adopte
         for workload in (f"Deployment {ns}/serve", f"Job {ns}/train"):
             assert denied[workload] == {"gpushare-gpu-pods-queued", "gpushare-tenant-priority-class"}, denied
         assert denied[f"Deployment {ns}/api"] == {"gpushare-tenant-priority-class"}, denied
+    # The same as text at 80 columns: the summary first, every line whole.
+    code, text = gpushare(workspace, "diff", "--env", ENV, "--kubeconfig", str(cluster.kubeconfig), "--context",
+                          cluster.name, "--fail-on-impact")
+    assert code == 1 and isinstance(text, str)
+    lines = text.splitlines()
+    assert lines[0].startswith(f"gpushare diff: {ENV} (cluster {ENV}):") and "running workload(s) broken" in text
+    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
+    assert "gpushare-gpu-pods-queued" in text
     code, out = gpushare(workspace, "rollout", "--env", ENV, "--dry-run", "--kubeconfig", str(cluster.kubeconfig),
                          "--accept-drift", "--json")
     assert code == 1 and "gpushare-gpu-pods-queued" in json.dumps(out), out

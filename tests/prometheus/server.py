@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from gpushare.ops.demo import stop
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -61,10 +63,5 @@ def prometheus_server(data_dir: Path, work: Path, rule_files: tuple[Path, ...] =
             time.sleep(0.2)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop(process)  # the one process started here, as `gpushare demo-metrics` stops its own
         log.close()
