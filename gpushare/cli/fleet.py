@@ -46,6 +46,7 @@ def withheld_quota(tenancy: dict[str, ClusterTenancy]) -> list[str]:
 def validate_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = False) -> None:
     """Check an environment: schema, GPU models, MIG layouts, profiles, hosts, tenants and rendering."""
     from gpushare.core.guardrails import load_guardrails
+    from gpushare.core.site_vars import check_site_vars
     from gpushare.core.tenancy import fleet_tenancy
     from gpushare.render.fleet import render_fleet
 
@@ -53,9 +54,12 @@ def validate_command(env: EnvOption, profiles: ProfilesOption = None, as_json: J
         fleet = _resolve(env, profiles)
         rendered = render_fleet(fleet)
         tenancy = fleet_tenancy(fleet, load_guardrails())
+        # The site settings Ansible reads beside the file (group_vars/, host_vars/): what reaches hosts' files.
+        site_warnings = check_site_vars(Path(fleet.source))
     except GpushareError as err:
         raise fail(err, as_json) from None
     warnings = fleet.warnings + [w for ct in tenancy.values() for w in ct.warnings] + withheld_quota(tenancy)
+    warnings += site_warnings
     if as_json:
         print(json.dumps({"ok": True, "environment": fleet.environment, "errors": [], "warnings": warnings,
                           "files": sorted(rendered.files)}, indent=2))

@@ -54,7 +54,8 @@ def rollout_command(
                                                  "(default policies/waivers.yaml).")] = None,
     accept_drift: Annotated[bool, typer.Option("--accept-drift", help="Start although the hosts show drift the "
                                                "rollout cannot explain (see `gpushare drift`).")] = False,
-    accept_impact: Annotated[bool, typer.Option("--accept-impact", help="Start although `gpushare diff` finds "
+    accept_impact: Annotated[bool, typer.Option("--accept-impact", help="Adopted environments: start although "
+                                                "`gpushare diff` finds "
                                                 "running work the rollout would deny, leave Pending, evict or "
                                                 "refuse.")] = False,
     awx_url: Annotated[str | None, typer.Option("--awx-url", help="Hand each batch to this AWX / automation "
@@ -97,7 +98,7 @@ def rollout_command(
             _refuse_on_drift(fleet, kubeconfig)
         if not (resume or rollback):
             _check(env, waivers, as_json, refuse=True)
-        if kubeconfig is not None and not (resume or rollback or accept_impact):
+        if kubeconfig is not None and fleet.env.adoption is not None and not (resume or rollback or accept_impact):
             _refuse_on_impact(env, fleet, kubeconfig)
         plan = plan_rollout(fleet.source, fleet, journal, batches, kind="rollback" if rollback else "rollout",
                             resume=resume, kubeconfig=kubeconfig is not None, previous=previous, scratch=scratch)
@@ -161,8 +162,9 @@ def _refuse_on_drift(fleet: ResolvedFleet, kubeconfig: Path) -> None:
 
 
 def _refuse_on_impact(env: str, fleet: ResolvedFleet, kubeconfig: Path) -> None:
-    """`gpushare diff` per cluster (through its kubeconfig_context): a rollout that would break running work (a
-    guard moved to deny or enforce, a taint, a quota, a resource name) does not start unless told to."""
+    """`gpushare diff` per cluster (through its kubeconfig_context), on an adopted environment (its `adoption:` block:
+    a cluster that ran before gpushare, whose guards are staged): a rollout that would break running work (a guard
+    moved to deny or enforce, a taint, a quota, a resource name) does not start unless told to."""
     from gpushare.ops.brownfield.livediff import BREAKING, Api, live_diff
 
     problems = []
@@ -231,16 +233,14 @@ def _print_plan(plan: RolloutPlan) -> None:
 
 
 def _awx_templates(url: str | None, values: list[str]) -> dict[str, int]:
-    from gpushare.ops.rollout.awx import parse_templates
+    from gpushare.ops.rollout.awx import controller_url, parse_templates
 
     if url is None:
         if values:
             raise GpushareError(Problem("--awx-template without --awx-url", path="--awx-template",
                                         fix="give --awx-url, or leave both out to run Ansible here"), exit_code=2)
         return {}
-    if not url.startswith(("https://", "http://")):
-        raise GpushareError(Problem(f"--awx-url {url!r} is not an http(s) URL", path="--awx-url",
-                                    fix="give the controller's address, e.g. https://awx.example.com"), exit_code=2)
+    controller_url(url)  # http(s) with a host, nothing a URL cannot carry: refused here, before anything runs
     return parse_templates(values)
 
 

@@ -66,6 +66,8 @@ def _type(node: dict[str, Any], names: dict[str, str]) -> str:
     if kind == "array":
         least = f", at least {node['minItems']}" if node.get("minItems") else ""
         return f"list of {_type(node['items'], names)}{least}"
+    if kind == "object" and "enum" in node.get("propertyNames", {}):  # keys from a fixed set (a Literal)
+        return f"map of {_type(node['propertyNames'], names)} to {_type(node['additionalProperties'], names)}"
     if kind == "object":
         (key, value), = node["patternProperties"].items()
         return f"map of {names.get(key, 'key')} to {_type(value, names)}"

@@ -8,7 +8,8 @@ only what changed against `oldObject` is judged, so a label or finalizer update 
 refused. Per cluster, the pool-toleration policy carries its pools' taints and the queue policy the identity of its
 Kueue controller (the only one that may lift Kueue's gate or resume a queued Job). A data policy judges untrusted
 tenants' ConfigMaps and Secrets, whose keys envFrom turns into variables no workload policy sees. Namespace
-policies keep tenants from editing the labels that decide their own trust, priority and Pod Security."""
+policies keep tenants from editing the labels that decide their own trust, priority and Pod Security, through the
+Namespace itself and its status and finalize subresources."""
 
 from __future__ import annotations
 
@@ -243,12 +244,26 @@ def _taint_id(key: str, value: str, effect: str) -> str:
     return f"{key}={value}:{effect}"
 
 
+# Taint keys an untrusted tenant's toleration may name beside its own pools' (NODE_CONDITION_TAINT_PREFIX: any key
+# under it): Kubernetes' node-condition taints (not-ready, unreachable, the pressure ones, unschedulable,
+# network-unavailable), which say what state a node is in rather than whom it is for (the API server adds not-ready
+# and unreachable to every pod, the DaemonSet controller the others to its pods), and nvidia.com/gpu, which GPU nodes
+# carry on GKE for every GPU workload (its ExtendedResourceToleration admission plugin adds the toleration to pods
+# that request nvidia.com/gpu).
+NODE_CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
+GENERIC_GPU_TAINT_KEYS = ("nvidia.com/gpu",)
+
+
 def _pool_toleration_policy(pools: PoolTaints) -> dict[str, Any]:
     taints = "[" + ", ".join(f"{{'key': {_lit(k)}, 'value': {_lit(v)}, 'effect': {_lit(e)}}}"
                              for k, v, e in pools.taints) + "]"
     # `tenant/key=value:effect`: tenant names are DNS labels, so the pair cannot be read two ways.
     allowed = sorted(f"{tenant}/{_taint_id(*t)}" for tenant, own in pools.allowed.items() for t in own)
     own = f"(variables.tenantName + '/' + x.key + '=' + x.value + ':' + x.effect) in {_strings(allowed)}"
+    own_keys = sorted({f"{tenant}/{key}" for tenant, mine in pools.allowed.items() for key, _, _ in mine})
+    known_key = (f"{_TOLERATION_KEY}.startsWith({_lit(NODE_CONDITION_TAINT_PREFIX)}) || "
+                 f"{_TOLERATION_KEY} in {_strings(GENERIC_GPU_TAINT_KEYS)} || "
+                 f"(variables.tenantName + '/' + {_TOLERATION_KEY}) in {_strings(own_keys)}")
     return {
         "bindings": [("", UNTRUSTED_ONLY, ["Deny"])],
         "variables": [{"name": "tenantName", "expression": _TENANT_NAME}],
@@ -266,6 +281,17 @@ def _pool_toleration_policy(pools: PoolTaints) -> dict[str, Any]:
                 "expression": "!variables.untrusted || " + _each_new("tolerations", "t", f"!{_TOLERATES_EVERYTHING}"),
                 "message": "untrusted tenants may not tolerate every taint at once (a toleration with no key and "
                            "operator Exists reaches every pool's nodes): tolerate the taints you need by key",
+                "reason": "Forbidden",
+            },
+            {
+                # Taints that are no pool's (the control plane's node-role.kubernetes.io/control-plane, a site's
+                # own dedicated nodes) keep nodes for someone: only the keys above and the tenant's pools' pass.
+                "expression": "!variables.untrusted || " + _each_new("tolerations", "t", known_key),
+                "message": "untrusted tenants may tolerate only the taints of the pools their quota is in, "
+                           f"Kubernetes' node-condition taints ({NODE_CONDITION_TAINT_PREFIX}*) and "
+                           f"{', '.join(GENERIC_GPU_TAINT_KEYS)}: another taint (node-role.kubernetes.io/"
+                           "control-plane, a site's dedicated nodes) keeps its nodes for other workloads: remove the "
+                           "toleration; Kueue adds the tolerations of the pool it admits a workload onto",
                 "reason": "Forbidden",
             },
         ],
@@ -416,6 +442,20 @@ _PRIORITY_VARIABLES = [
     {"name": "workloadPriorities", "expression": _workload_priorities("object")},
     {"name": "oldWorkloadPriorities",
      "expression": f"variables.isUpdate ? {_workload_priorities('oldObject')} : []"},
+]
+
+# ---- claims a controller creates: a StatefulSet's volumeClaimTemplates (read in variables, as spec.suspend is)
+
+
+def _claim_templates(obj: str) -> str:
+    return (f"({obj}.kind == 'StatefulSet' && has({obj}.spec.volumeClaimTemplates) ? "
+            f"{obj}.spec.volumeClaimTemplates : [])")
+
+
+_CLAIM_TEMPLATE_VARIABLES = [
+    {"name": "volumeClaimTemplates", "expression": _claim_templates("object")},
+    {"name": "oldVolumeClaimTemplates",
+     "expression": f"variables.isUpdate ? {_claim_templates('oldObject')} : []"},
 ]
 
 # ---- the NVIDIA container toolkit's and the MPS client's environment
@@ -621,6 +661,7 @@ POLICIES: dict[str, dict[str, Any]] = {
         }],
     },
     "gpushare-untrusted-no-inline-volumes": {
+        "variables": _CLAIM_TEMPLATE_VARIABLES,
         "validations": [
             {
                 "expression": "!variables.untrusted || " + _each_new("volumes", "v", "!has(v.csi)"),
@@ -635,6 +676,16 @@ POLICIES: dict[str, dict[str, Any]] = {
                            "ephemeral volume controller creates their claims past the tenant's own rights on "
                            "PersistentVolumeClaims: create a PersistentVolumeClaim and mount it by "
                            "persistentVolumeClaim, or use emptyDir",
+                "reason": "Forbidden",
+            },
+            {
+                # The same for a StatefulSet's claim templates (immutable: a StatefulSet that has them still
+                # scales and rolls out its template).
+                "expression": "!variables.untrusted || " + _each_new("volumeClaimTemplates", "c", "false"),
+                "message": "untrusted tenants' StatefulSets may not carry volumeClaimTemplates: the StatefulSet "
+                           "controller creates their claims past the tenant's own rights on PersistentVolumeClaims: "
+                           "create the PersistentVolumeClaims yourself and mount them by persistentVolumeClaim in "
+                           "the pod template, or use emptyDir",
                 "reason": "Forbidden",
             },
         ],
@@ -800,6 +851,14 @@ _TENANT_NAMESPACE_CONDITION = {
                   f"(request.operation == 'UPDATE' && '{TENANT_LABEL}' in {_labels('oldObject')})",
 }
 
+# The API server stores a Namespace's metadata from writes to namespaces/status and namespaces/finalize as well (a
+# status write keeps only the old spec, a finalize only the old status): RBAC granting either reaches the labels.
+_NAMESPACE_RULES = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "operations": ["CREATE", "UPDATE"]},
+    {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces/status", "namespaces/finalize"],
+     "operations": ["UPDATE"]},
+]
+
 NAMESPACE_VARIABLES: list[dict[str, str]] = [
     {"name": "labels", "expression": _labels("object")},
     {"name": "oldLabels", "expression": f"request.operation == 'UPDATE' ? {_labels('oldObject')} : {{}}"},
@@ -821,7 +880,12 @@ NAMESPACE_POLICIES: dict[str, dict[str, Any]] = {
     "gpushare-tenant-namespace-no-dra-admin": {
         "deployer_exempt": False,
         "validations": [{
-            "expression": f"!('{DRA_ADMIN_ACCESS_LABEL}' in variables.labels)",
+            # Through a subresource it may stay as it was: the namespace controller's finalize of a namespace that
+            # carried it before the policies must not leave the namespace terminating for ever.
+            "expression": f"!('{DRA_ADMIN_ACCESS_LABEL}' in variables.labels) || (request.subResource != '' && "
+                          f"'{DRA_ADMIN_ACCESS_LABEL}' in variables.oldLabels && "
+                          f"variables.oldLabels['{DRA_ADMIN_ACCESS_LABEL}'] == "
+                          f"variables.labels['{DRA_ADMIN_ACCESS_LABEL}'])",
             "message": f"tenant namespaces never carry {DRA_ADMIN_ACCESS_LABEL}: DRA admin access reaches devices "
                        "that other pods hold: remove the label (device monitoring runs outside tenant namespaces)",
             "reason": "Forbidden",
@@ -951,9 +1015,7 @@ def admission_objects(deployer: Deployer | None = None, system_namespaces: tuple
             conditions.append(_deployer_condition(deployer))
         out.append(_policy(name, {
             "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                                                    "resources": ["namespaces"],
-                                                    "operations": ["CREATE", "UPDATE"]}]},
+            "matchConstraints": {"resourceRules": [dict(r) for r in _NAMESPACE_RULES]},
             "matchConditions": conditions,
             "variables": [dict(v) for v in NAMESPACE_VARIABLES],
             "validations": policy["validations"],

@@ -5,7 +5,14 @@ It serves, on 127.0.0.1, the calls gpushare makes, shaped as AWX's REST API v2 a
 and its events. A launched job runs the job template's playbook from this checkout's collection with ansible-runner,
 as an AWX execution node does, against the template's inventory (an environment file through the inventory plugin),
 with the launch's limit and extra vars merged over the template's own variables. Every launch body is kept in
-`launches` for the tests to read.
+`launches` for the tests to read, and every request (method, path, whether it carried an Authorization header) in
+`requests`.
+
+For the tests of where the token may go: `redirects` answers a request ("GET /path?query") with a 302 (or the
+status given) to another address, before any authentication, as a proxy in front of a controller would;
+`next_links` gives a page's `next` link by its request path; `play=False` ends each launched job at once as
+successful on every host of its limit, without running the playbook. `OtherOrigin` is the second server such a
+redirect or link points to, on another port of 127.0.0.1 (another origin): it keeps what it is sent.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from typing import Any
 import ansible_runner
 
 from tests.ansible.testbed import ROOT
+
+MAX_PAGES = 50
 
 
 @dataclass
@@ -45,10 +54,15 @@ class Job:
 
 class AwxStandIn:
     def __init__(self, templates: dict[int, JobTemplate], envvars: Callable[[], dict[str, str]], workdir: Path,
-                 token: str = "standin-token", forks: int = 10) -> None:
+                 token: str = "standin-token", forks: int = 10, play: bool = True) -> None:
         self.templates, self.envvars, self.workdir, self.token, self.forks = templates, envvars, workdir, token, forks
+        self.play = play
         self.jobs: dict[int, Job] = {}
         self.launches: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, str, bool]] = []  # (method, path, with an Authorization header)
+        self.redirects: dict[str, str | tuple[int, str]] = {}  # "METHOD path" -> Location (a 302) or (status, it)
+        self.next_links: dict[str, str] = {}  # a page's request path -> its `next`
+        self.pages_served = 0
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -66,6 +80,11 @@ class AwxStandIn:
 
     def _run(self, job: Job, limit: str, extra_vars: dict[str, Any]) -> None:
         template = self.templates[job.template]
+        if not self.play:
+            job.summaries = [{"host_name": h, "ok": 1, "changed": 0, "failures": 0, "dark": 0, "skipped": 0,
+                              "rescued": 0, "ignored": 0, "failed": False} for h in limit.split(",") if h]
+            job.status = "successful"
+            return
         private = self.workdir / f"job-{job.id}"
         shutil.rmtree(private, ignore_errors=True)
         private.mkdir(parents=True)
@@ -111,6 +130,28 @@ class AwxStandIn:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _page(self, results: list[dict[str, Any]]) -> None:
+                # A `next` link that loops is followed at most MAX_PAGES times here, so that a client that keeps
+                # following it ends (as a test failure) instead of running forever.
+                with standin.lock:
+                    standin.pages_served += 1
+                    served = standin.pages_served
+                nxt = standin.next_links.get(self.path) if served < MAX_PAGES else None
+                self._send(200, {"count": len(results), "next": nxt, "results": results})
+
+            def _redirected(self) -> bool:
+                with standin.lock:
+                    standin.requests.append((self.command, self.path, "Authorization" in self.headers))
+                target = standin.redirects.get(f"{self.command} {self.path}")
+                if target is None:
+                    return False
+                code, location = target if isinstance(target, tuple) else (302, target)
+                self.send_response(code)
+                self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return True
+
             def _authorised(self) -> bool:
                 if self.headers.get("Authorization") == f"Bearer {standin.token}":
                     return True
@@ -122,7 +163,7 @@ class AwxStandIn:
                 return [p for p in url.path.split("/") if p], urllib.parse.parse_qs(url.query)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                if not self._authorised():
+                if self._redirected() or not self._authorised():
                     return
                 parts, query = self._parts()
                 if parts[:3] == ["api", "v2", "job_templates"] and parts[4:] == ["launch"]:
@@ -140,19 +181,17 @@ class AwxStandIn:
                         return self._send(200, {"id": job.id, "status": job.status,
                                                 "failed": job.status in ("failed", "error")})
                     if parts[4:] == ["job_host_summaries"]:
-                        return self._send(200, {"count": len(job.summaries), "next": None,
-                                                "results": job.summaries})
+                        return self._page(job.summaries)
                     if parts[4:] == ["job_events"]:
                         wanted = set(",".join(query.get("event__in", [])).split(",")) - {""}
-                        found = [e for e in job.events if not wanted or e["event"] in wanted]
-                        return self._send(200, {"count": len(found), "next": None, "results": found})
+                        return self._page([e for e in job.events if not wanted or e["event"] in wanted])
                 self._send(404, {"detail": "Not found."})
 
             def do_POST(self) -> None:  # noqa: N802
-                if not self._authorised():
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self._redirected() or not self._authorised():
                     return
                 parts, _ = self._parts()
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 if parts[:3] == ["api", "v2", "job_templates"] and parts[4:] == ["launch"]:
                     number = int(parts[3])
                     template = standin.templates.get(number)
@@ -175,3 +214,46 @@ class AwxStandIn:
                 self._send(404, {"detail": "Not found."})
 
         return Handler
+
+
+class OtherOrigin:
+    """Another server on 127.0.0.1, on a port of its own: where a redirect or a `next` link sends the client away
+    from the controller. It answers every request with an empty page and keeps what it received (method, path and
+    headers) in `received`."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        other = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                other.received.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
+                                       "body": self.rfile.read(length).decode(errors="replace")})
+                body = json.dumps({"count": 0, "next": None, "results": []}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer  # noqa: N815 - http.server's names
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> OtherOrigin:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def authorizations(self) -> list[str]:
+        """Every Authorization header it was sent (whatever its case)."""
+        return [v for r in self.received for k, v in r["headers"].items() if k.lower() == "authorization"]

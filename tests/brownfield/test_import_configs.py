@@ -220,21 +220,14 @@ def test_doing_what_next_says_leaves_check_nothing_to_ask(tmp_path: Path, monkey
     write_workspace(workspace)
     monkeypatch.setenv("GPUSHARE_ROOT", str(workspace))
     code, out = cli("import", "--from", str(BOTH), "--env", ENV, "--out", str(workspace))
-    assert code == 0 and len(out["next"]) == 2
+    assert code == 0 and len(out["next"]) == 1  # the guardrail limits come with the import (guardrails.d)
     code, checked = cli("check", "--env", ENV)
     assert code != 0 and "kubeconfig context" in checked["errors"][0]
-    # The two steps `next` names: a context on the cluster, guardrail limits for the environment.
+    # The one step `next` names, which a dump cannot say: a context on the cluster.
     env_file = workspace / "environments" / f"{ENV}.yaml"
     env = yaml.safe_load(env_file.read_text())
     env["clusters"][0]["kubeconfig_context"] = ENV
     env_file.write_text(yaml.safe_dump(env, sort_keys=False))
-    guardrails = workspace / "policies" / "guardrails.yaml"
-    data = yaml.safe_load(guardrails.read_text())
-    data["environments"][ENV] = data["environments"]["dev"]
-    guardrails.write_text(yaml.safe_dump(data, sort_keys=False))
-    from gpushare.core import guardrails as loaded
-
-    loaded._load.cache_clear()  # one process here; each `gpushare check` reads the file afresh
     code, checked = cli("check", "--env", ENV)
-    assert "errors" not in checked, checked  # the rules ran: what they find is the review's, not a missing input
-    assert code in (0, 1)
+    assert "errors" not in checked, checked  # the rules ran, on the cluster as it runs: nothing mandatory fails
+    assert code == 0, checked["violations"]

@@ -19,7 +19,7 @@ from gpushare.core.paths import package_data_path
 from tests.brownfield.conftest import CLUSTERS, ENV, cli
 from tests.brownfield.test_live import objects_of, without_source
 from tests.cluster.environments import apply_crds
-from tests.cluster.kube import Kube
+from tests.cluster.kube import Kube, eventually
 from tests.cluster.nodes import KWOK_ANNOTATION
 
 FIXTURES = ["timeslicing-mig", "quotas-kueue"]
@@ -67,7 +67,13 @@ def populate(kube: Kube, objects: dict[str, list[dict[str, Any]]]) -> None:
                 continue  # the server's own (default, kube-system, system-cluster-critical) or made just above
             assert made.allowed, f"{kind} {obj['metadata'].get('name')}: {made.message}"
             if status is not None:
-                patched = kube.request("PATCH", f"/api/v1/nodes/{obj['metadata']['name']}/status",
+                name = obj["metadata"]["name"]
+                # kwok writes a new node's status once (its own address among it) and keeps what it finds after:
+                # the dump's status goes in after that first write, or kwok's could land on top of it.
+                eventually(lambda name=name: any(c.get("type") == "Ready" for c in ((kube.get(
+                    "v1", "Node", name) or {}).get("status") or {}).get("conditions") or []),
+                    what=f"kwok takes node {name} up")
+                patched = kube.request("PATCH", f"/api/v1/nodes/{name}/status",
                                        {"status": status}, content_type="application/merge-patch+json")
                 assert patched.allowed, patched.message
 

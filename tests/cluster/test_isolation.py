@@ -16,20 +16,20 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jsonpatch
 import pytest
 
-from gpushare.core.namespaces import TRUST_LABEL
+from gpushare.core.namespaces import DRA_ADMIN_ACCESS_LABEL, PRIORITY_LABEL, TENANT_LABEL, TRUST_LABEL
 from tests.cluster.environments import KueueStandIn, apply_crds, bind_cluster_admin, ident, tenant_client
 from tests.cluster.kube import Answer, Kube, eventually
 from tests.cluster.nodes import kwok_node
 from tests.security.cel_admission import Request, admit
 from tests.security.pod_security import violations
-from tests.security.tenants import policy_objects, tenancy_objects
-from tests.security.test_attacks import ATTACKS, Attack
+from tests.security.tenants import controller, policy_objects, tenancy_objects
+from tests.security.test_attacks import ATTACKS, Attack, cpu_only, pod
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 
@@ -228,3 +228,174 @@ def test_a_tenant_cannot_relabel_or_create_namespaces(tenants: Tenants) -> None:
         made = tenant.create({"apiVersion": "v1", "kind": "Namespace",
                               "metadata": {"name": f"{ns}-2", "labels": dict(obj["metadata"]["labels"])}})
         assert made.status == 403, (ns, made.status, made.body)
+
+
+# ---- issue 39: namespace labels through subresources, tolerations of taints that are no pool's, claim templates
+
+LABELS_POLICY = "gpushare-tenant-namespace-labels"
+POOLS_POLICY = "gpushare-untrusted-pool-tolerations"
+INLINE_VOLUMES_POLICY = "gpushare-untrusted-no-inline-volumes"
+
+
+def settled(tenants: Tenants, attack: Attack, allowed: bool) -> Answer:
+    """The server's answer to the attack once a relabel by an earlier attack has reached its informer."""
+    answer = tenants.send(attack)
+    while (answer.allowed != allowed and tenants.relabeled
+           and time.monotonic() - tenants.relabeled < RELABEL_SETTLE_S):
+        time.sleep(0.2)
+        answer = tenants.send(attack)
+    return answer
+
+
+def _refused_by(answer: Answer, policy: str) -> bool:
+    return answer.status == 403 and policy in policies_named([answer.message])
+
+
+def _past_rbac(send: Callable[[], Answer], what: str) -> Answer:
+    """The answer once RBAC granted a moment ago is in force (the authorizer sees a new binding a little later):
+    asked again while the server refuses before admission."""
+    def attempt() -> Answer | None:
+        answer = send()
+        return None if answer.status == 403 and "ValidatingAdmissionPolicy" not in answer.message else answer
+    found: Answer = eventually(attempt, timeout=30, what=what)
+    return found
+
+
+def _namespace_write(client: Kube, name: str, sub: str, labels: dict[str, str],
+                     finalizers: list[str] | None = None, dry_run: bool = True) -> Answer:
+    """A PUT of the Namespace to its subresource `sub` with these labels (and spec.finalizers), as a client of that
+    subresource sends it: the whole object, read first."""
+    current = client.get("v1", "Namespace", name)
+    assert current is not None, name
+    current["metadata"]["labels"] = labels
+    if finalizers is not None:
+        current["spec"]["finalizers"] = finalizers
+    return client.request("PUT", f"/api/v1/namespaces/{name}/{sub}", current,
+                          [("dryRun", "All")] if dry_run else [])
+
+
+def _namespace_policies_in_force(tenants: Tenants) -> None:
+    """The namespace policies judge requests: the API server loads policies and bindings a moment after they are
+    written, and the suite's own probe waits for a workload policy only. Probed with what even the deployer may not
+    do (a tenant has no rights on its Namespace itself)."""
+    def refused() -> bool:
+        answer = tenants.kube.request(
+            "PATCH", "/api/v1/namespaces/partner", {"metadata": {"labels": {DRA_ADMIN_ACCESS_LABEL: "true"}}},
+            [("dryRun", "All")], "application/merge-patch+json")
+        return _refused_by(answer, "gpushare-tenant-namespace-no-dra-admin")
+    eventually(refused, what="gpushare's namespace policies in force")
+
+
+def test_namespace_subresources_cannot_change_guarded_labels(tenants: Tenants) -> None:
+    """RBAC granting namespaces/status or namespaces/finalize (a Role in the tenant's namespace reaches its own
+    Namespace object) does not reach the guarded labels: the server stores metadata from both."""
+    ns = "partner"
+    kube, tenant = tenants.kube, tenants.clients[ns]
+    _namespace_policies_in_force(tenants)
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "namespace-subresources", "namespace": ns},
+                "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
+                          {"apiGroups": [""], "resources": ["namespaces/status", "namespaces/finalize"],
+                           "verbs": ["update", "patch"]}]})
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "namespace-subresources", "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "namespace-subresources"},
+                "subjects": [{"kind": "ServiceAccount", "name": "ci", "namespace": ns}]})
+    current = kube.get("v1", "Namespace", ns)
+    assert current is not None
+    labels = dict(current["metadata"]["labels"])
+    escaped = {k: v for k, v in labels.items() if k != TENANT_LABEL} | {ENFORCE: "privileged"}
+    for sub in ("status", "finalize"):
+        # RBAC lets the tenant write the subresource (RoleBindings reach a while to show up in the authorizer) ...
+        kept = _past_rbac(lambda sub=sub: _namespace_write(tenant, ns, sub, {**labels, "team.example.com/cost": "42"}),
+                          f"the tenant's Role for namespaces/{sub} in force")
+        assert kept.allowed, (sub, kept.status, kept.body)
+        assert kept.body["metadata"]["labels"].get("team.example.com/cost") == "42", sub  # the server stores it
+        # ... but no change of a guarded label through it
+        for change in (escaped, {**labels, TRUST_LABEL: "trusted"}, {**labels, PRIORITY_LABEL: "online"}):
+            answer = _namespace_write(tenant, ns, sub, change)
+            assert _refused_by(answer, LABELS_POLICY), (sub, change, answer.status, answer.body)
+        if sub == "status":  # (finalize takes PUT only)
+            answer = tenant.request("PATCH", f"/api/v1/namespaces/{ns}/{sub}",
+                                    {"metadata": {"labels": {TENANT_LABEL: None, ENFORCE: "privileged"}}},
+                                    [("dryRun", "All")], "application/merge-patch+json")
+            assert _refused_by(answer, LABELS_POLICY), (sub, answer.status, answer.body)
+        # the deployer (system:masters here) still changes them, through the subresource too
+        assert _namespace_write(kube, ns, sub, escaped).allowed, sub
+
+
+def test_a_tenant_namespace_is_still_finalized_when_deleted(tenants: Tenants) -> None:
+    """Deletion finalizes a Namespace through namespaces/finalize: the namespace controller's own write, and another
+    finalizer's (an identity granted namespaces/finalize by a ClusterRole) that keeps the guarded labels, pass; the
+    same write dropping the tenant label does not."""
+    name, hold = "partner-finalize-probe", "example.com/hold"
+    kube = tenants.kube
+    _namespace_policies_in_force(tenants)
+    labels = {k: v for k, v in tenants.namespaces["partner"]["metadata"]["labels"].items()
+              if k != "kubernetes.io/metadata.name"}
+    made = kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels},
+                        "spec": {"finalizers": [hold]}}, dry_run=False)
+    assert made.allowed, made.message
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": "probe-finalizer"},
+                "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
+                          {"apiGroups": [""], "resources": ["namespaces/finalize"], "verbs": ["update"],
+                           "resourceNames": [name]}]})
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": "probe-finalizer"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "probe-finalizer"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "probe-finalizer"}]})
+    finalizer = kube.as_user("probe-finalizer")
+    gone = kube.delete({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    assert gone.allowed, gone.message
+    # The namespace controller empties the namespace and removes its own finalizer through namespaces/finalize.
+    eventually(lambda: (kube.get("v1", "Namespace", name) or {}).get("spec", {}).get("finalizers") == [hold],
+               what="the namespace controller's finalize of a tenant namespace")
+    escaped = {k: v for k, v in labels.items() if k != TENANT_LABEL}
+    refused = _past_rbac(lambda: _namespace_write(finalizer, name, "finalize", escaped, []),
+                         "the finalizer's ClusterRole in force")
+    assert _refused_by(refused, LABELS_POLICY), (refused.status, refused.body)
+    done = _namespace_write(finalizer, name, "finalize", {**labels, "kubernetes.io/metadata.name": name}, [],
+                            dry_run=False)
+    assert done.allowed, (done.status, done.body)
+    eventually(lambda: kube.get("v1", "Namespace", name) is None, what=f"namespace {name} deleted")
+
+
+def test_untrusted_pods_tolerate_no_taint_but_their_pools_and_kubernetes_own(tenants: Tenants) -> None:
+    for refused in ("untrusted-tolerates-control-plane", "untrusted-tolerates-other-taint",
+                    "untrusted-deployment-tolerates-control-plane", "untrusted-control-plane-toleration-added-later"):
+        answer = settled(tenants, ATTACKS_BY_ID[refused], allowed=False)
+        assert _refused_by(answer, POOLS_POLICY), (refused, answer.status, answer.body)
+    for admitted in ("untrusted-tolerates-api-server-defaults", "untrusted-tolerates-daemonset-defaults",
+                     "untrusted-tolerates-own-pool", "untrusted-tolerates-gpu-taint",
+                     "trusted-tolerates-control-plane"):
+        answer = settled(tenants, ATTACKS_BY_ID[admitted], allowed=True)
+        assert answer.allowed, (admitted, answer.status, answer.body)
+    # A pod without tolerations gets the API server's defaults (DefaultTolerationSeconds), which pass.
+    answer = settled(tenants, ATTACKS_BY_ID["example-pod-untrusted"], allowed=True)
+    assert answer.allowed, answer.body
+    assert {t["key"] for t in answer.body["spec"]["tolerations"]} == {"node.kubernetes.io/not-ready",
+                                                                      "node.kubernetes.io/unreachable"}
+    # A DaemonSet's pods, which its controller creates with node.kubernetes.io tolerations of its own, run.
+    kube, ns = tenants.kube, "partner"
+    daemonset = controller("DaemonSet", pod(ns, cpu_only))
+    daemonset["metadata"]["name"] = "tolerations-probe"
+    made = tenants.clients[ns].create(daemonset, dry_run=False)
+    assert made.allowed, made.message
+    try:
+        uid = made.body["metadata"]["uid"]
+        pods = eventually(lambda: [p for p in kube.list("v1", "Pod", ns) if any(
+            o["uid"] == uid for o in p["metadata"].get("ownerReferences", []))], what="the DaemonSet's pod created")
+        assert {t["key"] for t in pods[0]["spec"]["tolerations"]} >= {
+            "node.kubernetes.io/not-ready", "node.kubernetes.io/unschedulable"}, pods[0]["spec"]["tolerations"]
+    finally:
+        kube.delete(daemonset)
+
+
+def test_untrusted_statefulsets_carry_no_claim_templates(tenants: Tenants) -> None:
+    answer = settled(tenants, ATTACKS_BY_ID["untrusted-statefulset-volume-claim-templates"], allowed=False)
+    assert _refused_by(answer, INLINE_VOLUMES_POLICY), (answer.status, answer.body)
+    for admitted in ("statefulset-allowed", "untrusted-statefulset-scales-with-volume-claim-templates",
+                     "trusted-statefulset-volume-claim-templates"):
+        answer = settled(tenants, ATTACKS_BY_ID[admitted], allowed=True)
+        assert answer.allowed, (admitted, answer.status, answer.body)

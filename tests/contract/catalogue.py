@@ -155,6 +155,10 @@ CASES = [
          ["not a plain file name"], {"journal.jsonl": b'{"event": "start", "rollout": "dev-1", "env": "dev", '
                                      b'"batches": [], "snapshot": {"name": "../../../evil.yaml", "text": "", '
                                      b'"profiles": {}}}\n'}),
+    Case("site", "a newline in an apt mirror URI in `group_vars/` (it would add `Trusted: yes`)",
+         ["validate", "--env", "inputs/dev.yaml"], 1, ["group_vars/all.yml:2: dcgm_apt_uri", "U+000A"],
+         {"dev.yaml": seed("dev.yaml"),
+          "group_vars/all.yml": b'# the site mirror\ndcgm_apt_uri: "https://mirror.example/cuda\\nTrusted: yes"\n'}),
 ]
 
 

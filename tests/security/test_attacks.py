@@ -545,6 +545,63 @@ ATTACKS += [
 ]
 
 
+# ---- third round (issue 39): tolerations of taints that are no pool's, StatefulSets' claim templates
+
+CONTROL_PLANE = {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}
+# What the API server's DefaultTolerationSeconds adds to every pod, and the DaemonSet controller to its pods.
+API_SERVER_TOLERATIONS = [{"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoExecute",
+                           "tolerationSeconds": 300} for k in ("not-ready", "unreachable")]
+DAEMONSET_TOLERATIONS = [
+    *({"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoExecute"}
+      for k in ("not-ready", "unreachable")),
+    *({"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoSchedule"}
+      for k in ("disk-pressure", "memory-pressure", "pid-pressure", "unschedulable", "network-unavailable")),
+]
+INLINE_VOLUMES = "gpushare-untrusted-no-inline-volumes"
+
+
+def claim_templates(obj: dict[str, Any]) -> None:
+    """A StatefulSet's volumeClaimTemplates: the StatefulSet controller creates a claim per replica from them."""
+    obj["spec"]["volumeClaimTemplates"] = [{"metadata": {"name": "data"}, "spec": {
+        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]
+
+
+def changed(kind: str, old_change: Callable[[dict[str, Any]], Any], new_change: Callable[[dict[str, Any]], Any],
+            tenant: str = "partner") -> Callable[[], Request]:
+    """An UPDATE of a controller of the example pod: `old_change` made to the controller as it was created,
+    `new_change` on top of it."""
+    def build() -> Request:
+        old = kueue_webhook(controller(kind, pod(tenant)))
+        old_change(old)
+        new = copy.deepcopy(old)
+        new_change(new)
+        return Request(new, ns_for(tenant), operation="UPDATE", old_object=old)
+    return build
+
+
+ATTACKS += [
+    # tolerations of taints no pool has: the control plane's, a site's own; Kubernetes' node-condition taints and
+    # nvidia.com/gpu (untrusted-tolerates-gpu-taint) stay allowed
+    Attack("untrusted-tolerates-control-plane", create(change=tolerate(CONTROL_PLANE)), f"deny:{POOLS}"),
+    Attack("untrusted-tolerates-other-taint", create(change=tolerate(
+        {"key": "example.com/dedicated", "operator": "Equal", "value": "team-b", "effect": "NoSchedule"})),
+        f"deny:{POOLS}"),
+    Attack("untrusted-deployment-tolerates-control-plane", create(change=tolerate(CONTROL_PLANE),
+                                                                  kind="Deployment"), f"deny:{POOLS}"),
+    Attack("untrusted-control-plane-toleration-added-later", update(None, tolerate(CONTROL_PLANE)),
+           f"deny:{POOLS}"),
+    Attack("untrusted-tolerates-api-server-defaults", create(change=tolerate(*API_SERVER_TOLERATIONS)), ALLOW),
+    Attack("untrusted-tolerates-daemonset-defaults", create(change=tolerate(*DAEMONSET_TOLERATIONS)), ALLOW),
+    Attack("trusted-tolerates-control-plane", create("serving", tolerate(CONTROL_PLANE)), ALLOW),
+    # a StatefulSet's claim templates: claims the StatefulSet controller creates, like a generic ephemeral volume's
+    Attack("untrusted-statefulset-volume-claim-templates", created("StatefulSet", "partner", claim_templates),
+           f"deny:{INLINE_VOLUMES}"),
+    Attack("untrusted-statefulset-scales-with-volume-claim-templates", changed(
+        "StatefulSet", claim_templates, setter("spec", "replicas", value=3)), ALLOW),
+    Attack("trusted-statefulset-volume-claim-templates", created("StatefulSet", "serving", claim_templates), ALLOW),
+]
+
+
 def data_object(kind: str, tenant: str = "partner", **fields: Any) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": kind, "metadata": {"name": "settings", "namespace": tenant}, **fields}
 

@@ -35,15 +35,20 @@ def rendered(tenant: str) -> dict[str, Any]:
 
 
 def relabel(tenant: str, user: User, set_: dict[str, str] | None = None,
-            remove: tuple[str, ...] = (), objects: list[dict[str, Any]] | None = None) -> tuple[bool, list[str]]:
+            remove: tuple[str, ...] = (), objects: list[dict[str, Any]] | None = None,
+            sub_resource: str = "", old_labels: dict[str, str] | None = None) -> tuple[bool, list[str]]:
     old = rendered(tenant)
+    old["metadata"]["labels"].update(old_labels or {})
     new = copy.deepcopy(old)
     labels = new["metadata"]["labels"]
     labels.update(set_ or {})
     for key in remove:
         labels.pop(key)
+    if sub_resource == "finalize":  # what the namespace controller sends once the namespace's content is gone
+        old["spec"], new["spec"] = {"finalizers": ["kubernetes"]}, {"finalizers": []}
     decision = admit(objects or list(policy_objects()), Request(
-        new, None, operation="UPDATE", old_object=old, username=user.username, groups=user.groups))
+        new, None, operation="UPDATE", old_object=old, sub_resource=sub_resource, username=user.username,
+        groups=user.groups))
     return decision.allowed, sorted(decision.denied)
 
 
@@ -63,6 +68,45 @@ def relabel(tenant: str, user: User, set_: dict[str, str] | None = None,
         "enforce-version-old", "warn-removed", "new-pod-security-key", "priority-raised", "priority-removed"])
 def test_tenant_cannot_change_guarded_labels(set_: dict[str, str], remove: tuple[str, ...]) -> None:
     assert relabel("partner", TENANT_USER, set_, remove) == (False, [LABELS_POLICY])
+
+
+# The API server stores a Namespace's metadata from writes to namespaces/status and namespaces/finalize too: RBAC
+# granting either (to a tenant, an operator, a finalizer controller) must not reach the guarded labels.
+SUBRESOURCES = ("status", "finalize")
+
+
+@pytest.mark.parametrize("sub_resource", SUBRESOURCES)
+@pytest.mark.parametrize(("set_", "remove"), [
+    ({"pod-security.kubernetes.io/enforce": "privileged"}, (TENANT_LABEL,)),
+    ({TRUST_LABEL: "trusted"}, ()),
+    ({PRIORITY_LABEL: "online"}, ()),
+    ({}, ("pod-security.kubernetes.io/enforce",)),
+], ids=["tenant-dropped-and-privileged", "trust-raised", "priority-raised", "enforce-removed"])
+def test_subresources_cannot_change_guarded_labels(sub_resource: str, set_: dict[str, str],
+                                                   remove: tuple[str, ...]) -> None:
+    assert relabel("partner", TENANT_USER, set_, remove, sub_resource=sub_resource) == (False, [LABELS_POLICY])
+
+
+@pytest.mark.parametrize("sub_resource", SUBRESOURCES)
+def test_subresource_writes_are_judged_and_pass_when_guarded_labels_stay(sub_resource: str) -> None:
+    ns = rendered("partner")
+    decision = admit(list(policy_objects()), Request(
+        ns, None, operation="UPDATE", old_object=copy.deepcopy(ns), sub_resource=sub_resource,
+        username=TENANT_USER.username, groups=TENANT_USER.groups))
+    assert decision.allowed and LABELS_POLICY in decision.matched
+    assert relabel("partner", TENANT_USER, {"team.example.com/cost-center": "42"},
+                   sub_resource=sub_resource) == (True, [])
+    assert relabel("partner", DEPLOYER, {TRUST_LABEL: "trusted"}, (TENANT_LABEL,),
+                   sub_resource=sub_resource) == (True, [])
+
+
+@pytest.mark.parametrize("sub_resource", SUBRESOURCES)
+def test_dra_admin_access_not_added_through_subresources(sub_resource: str) -> None:
+    allowed, denied = relabel("serving", DEPLOYER, {DRA_ADMIN_ACCESS_LABEL: "true"}, sub_resource=sub_resource)
+    assert not allowed and denied == [DRA_POLICY]
+    # a namespace that carried it before the policies still finishes its deletion (finalize keeps it as it was)
+    assert relabel("serving", DEPLOYER, old_labels={DRA_ADMIN_ACCESS_LABEL: "true"},
+                   sub_resource=sub_resource) == (True, [])
 
 
 def test_tenant_may_add_its_own_labels() -> None:

@@ -6,6 +6,10 @@ launch body is what the controller's REST API takes (`POST /api/v2/job_templates
 and failed events (`/api/v2/jobs/<id>/job_host_summaries/`, `.../job_events/`) are read back into the same host
 outcomes local runs give, so the journal, the gates and resume work alike. A job template that would ignore the
 limit or the variables is refused before anything runs: a canary batch must not become the whole fleet.
+
+The token goes only to the origin of --awx-url (scheme, host and port, the host's case and a default port
+normalised): a redirect or a page's `next` link to any other origin is refused before anything is sent there, and so
+is a `next` link back to a page already read (a loop).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from http.client import HTTPMessage
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.ops.rollout.adapters import HostOutcome, host_outcome
@@ -25,6 +30,80 @@ from gpushare.ops.rollout.adapters import HostOutcome, host_outcome
 TOKEN_ENV = "CONTROLLER_OAUTH_TOKEN"  # the variable awxkit (the `awx` CLI) reads the controller's token from
 FINISHED = {"successful", "failed", "error", "canceled"}
 SUMMARY_FIELDS = {"ok": "ok", "changed": "changed", "failures": "failures", "dark": "dark", "skipped": "skipped"}
+DEFAULT_PORTS = {"http": 80, "https": 443}
+URL_FIX = "give the controller's address, e.g. https://awx.example.com or https://awx.example.com:8443"
+
+
+def origin(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an http(s) URL, the scheme and host in lower case and a left-out port as its
+    scheme's default; None for anything else (another scheme, no host, a port that is not one)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port if port is not None else DEFAULT_PORTS[scheme]
+
+
+def show_origin(where: tuple[str, str, int]) -> str:
+    scheme, host, port = where
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}" + ("" if port == DEFAULT_PORTS[scheme] else f":{port}")
+
+
+def controller_url(url: str) -> str:
+    """--awx-url as the controller's address: http(s), a host, perhaps a port and a path; no spaces or other
+    characters a URL cannot carry, no user or password, query or fragment. Returned without a trailing slash."""
+    def bad(why: str, fix: str = URL_FIX) -> GpushareError:
+        return GpushareError(Problem(f"--awx-url {url!r} is not an http(s) URL with a host: {why}", path="--awx-url",
+                                     fix=fix), exit_code=2)
+
+    if any(not (32 < ord(c) < 127) for c in url):
+        raise bad("it has a space, a control character or a character outside ASCII")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number from 0 to 65535
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    if parts.scheme.lower() not in DEFAULT_PORTS:
+        raise bad("give it with https:// (or http://)")
+    if not parts.hostname:
+        raise bad("no host")
+    if parts.username is not None or parts.password is not None:
+        raise bad("a user or password in the address", fix=f"leave it out; the token comes from ${TOKEN_ENV}")
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise bad("a query or fragment (?, #)")
+    return url.rstrip("/")
+
+
+class _Elsewhere(Exception):
+    """A redirect to another origin than --awx-url's, not followed."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.url = url
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only within the origin, where the token may go; a 307 or 308 keeps the method and the body
+    (urllib's own handler refuses those for a POST)."""
+
+    def __init__(self, allowed: tuple[str, str, int]) -> None:
+        self.allowed = allowed
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: HTTPMessage, newurl: str) -> urllib.request.Request | None:
+        if origin(newurl) != self.allowed:
+            fp.close()
+            raise _Elsewhere(newurl)
+        if code in (307, 308) and req.get_method() not in ("GET", "HEAD"):
+            return urllib.request.Request(newurl, data=req.data, headers=dict(req.headers),
+                                          origin_req_host=req.origin_req_host, unverifiable=True,
+                                          method=req.get_method())
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def parse_templates(values: list[str]) -> dict[str, int]:
@@ -51,7 +130,11 @@ class AwxBackend:
     def __init__(self, url: str, templates: dict[str, int], logs: Path, token: str | None = None,
                  extra_vars: dict[str, Any] | None = None, poll_interval: float = 5.0,
                  timeout: float = 6 * 3600.0) -> None:
-        self.url = url.rstrip("/")
+        self.url = controller_url(url)
+        where = origin(self.url)
+        assert where is not None  # controller_url refuses anything without one
+        self.origin = where  # the only place the token goes, redirects included
+        self._opener = urllib.request.build_opener(_SameOriginRedirects(where))
         self.templates = templates
         self.logs = logs
         self.token = token if token is not None else os.environ.get(TOKEN_ENV, "")
@@ -60,16 +143,31 @@ class AwxBackend:
         self.timeout = timeout
         self.jobs: list[int] = []
 
+    def _elsewhere(self, what: str, url: str) -> GpushareError:
+        return GpushareError(Problem(
+            f"{what} {url}, outside the origin of --awx-url, {show_origin(self.origin)}: not followed, since the "
+            f"${TOKEN_ENV} token is sent only there", path="--awx-url",
+            fix="give --awx-url as the controller's own address (scheme, host and port), the one it answers on"),
+            exit_code=2)
+
+    def _absolute(self, path: str) -> str:
+        """A path under --awx-url, or an absolute http(s) URL as it is."""
+        return path if urllib.parse.urlsplit(path).scheme else self.url + path
+
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        url = path if path.startswith("http") else self.url + path
+        url = self._absolute(path)
+        if origin(url) != self.origin:
+            raise self._elsewhere(f"AWX {method} {path}: the request would go to", url)
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(url, data=data, method=method, headers={
             "Content-Type": "application/json", "Accept": "application/json",
             **({"Authorization": f"Bearer {self.token}"} if self.token else {})})
         try:
-            with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310 - the URL the user gave
+            with self._opener.open(request, timeout=60) as response:
                 doc: dict[str, Any] = json.loads(response.read() or b"{}")
                 return doc
+        except _Elsewhere as exc:
+            raise self._elsewhere(f"AWX {method} {path}: redirected to", exc.url) from None
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:500]
             raise GpushareError(Problem(f"AWX {method} {path}: HTTP {exc.code} {detail}",
@@ -79,15 +177,27 @@ class AwxBackend:
             raise GpushareError(Problem(f"AWX {method} {path}: {exc}", fix="check --awx-url"), exit_code=2) from None
 
     def _pages(self, path: str) -> list[dict[str, Any]]:
+        """Every page's results, following `next`: a path (AWX's form) is under --awx-url, anything else is read
+        against the page; it must be within the origin, and not a page already read (a loop)."""
         out: list[dict[str, Any]] = []
-        page: str | None = path
-        while page:
+        page = self._absolute(path)
+        read: set[str] = set()
+        while True:
+            read.add(urllib.parse.urldefrag(page).url)
             doc = self._call("GET", page)
             out.extend(doc.get("results", []))
-            nxt = doc.get("next")
-            page = None if not nxt else nxt if str(nxt).startswith("http") else self.url + str(nxt) \
-                if str(nxt).startswith("/") else None
-        return out
+            nxt = str(doc.get("next") or "")
+            if not nxt:
+                return out
+            following = self.url + nxt if nxt.startswith("/") else urllib.parse.urljoin(page, nxt)
+            if origin(following) != self.origin:
+                raise self._elsewhere(f"AWX GET {page}: its next page is", following)
+            if urllib.parse.urldefrag(following).url in read:
+                raise GpushareError(Problem(f"AWX GET {page}: its next page {following} was already read; the "
+                                            "pages loop, so the job's results are not complete",
+                                            fix="check the controller (or a proxy in front of it) at --awx-url"),
+                                    exit_code=2)
+            page = following
 
     def launch_body(self, hosts: list[str], label: str) -> dict[str, Any]:
         """What the job launch takes: the batch's hosts as the limit, and as extra_vars the rollout's variables and

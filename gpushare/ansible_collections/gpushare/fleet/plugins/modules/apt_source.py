@@ -8,7 +8,11 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
-from ansible_collections.gpushare.fleet.plugins.module_utils.files import differs, write_if_differs
+from ansible_collections.gpushare.fleet.plugins.module_utils.files import (
+    differs,
+    refuse_control_characters,
+    write_if_differs,
+)
 
 DOCUMENTATION = r"""
 module: apt_source
@@ -20,6 +24,9 @@ description:
     M(ansible.builtin.apt)).
   - One task instead of a check, a key download, a file write and a handler (each a task result the controller pays
     for, per host).
+  - Every option is refused, before anything is fetched or written, when it holds a control character (below 0x20,
+    or 0x7f), since a newline in O(uri) or O(suite) would start a field of its own in the deb822 file, such as a
+    C(Trusted) field set to C(yes), which turns signature checks off for the source.
 options:
   name:
     description: File name under C(/etc/apt/sources.list.d/), without C(.sources); lower case letters, digits, dots
@@ -90,7 +97,10 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    if not NAME.match(p["name"]):
+    # Before anything else: every value here ends up in the deb822 file or in a path or URL it names.
+    refuse_control_characters(module, ("name", "uri", "suite", "components", "key_url", "sources_dir",
+                                       "keyrings_dir"), "an apt source's values (its deb822 file, paths and key URL)")
+    if not NAME.fullmatch(p["name"]):
         module.fail_json(msg=f"apt source name {p['name']!r}: use lower case letters, digits, dots and dashes "
                          "(it names the file under sources.list.d)")
     if not p["uri"].strip():

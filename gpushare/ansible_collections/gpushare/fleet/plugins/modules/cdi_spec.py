@@ -4,7 +4,13 @@
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpushare.fleet.plugins.module_utils.files import differs, write_if_differs
+from ansible_collections.gpushare.fleet.plugins.module_utils.files import (
+    control_character,
+    describe_character,
+    differs,
+    refuse_control_characters,
+    write_if_differs,
+)
 
 DOCUMENTATION = r"""
 module: cdi_spec
@@ -13,6 +19,8 @@ description:
   - Runs C(nvidia-ctk --quiet cdi generate) and writes its output to O(path) (its directory created) only when the
     file differs, so a converged host reports no change. One task for what would be a command, a directory and a
     file copy (each a task result the controller pays for, per host).
+  - Refuses, before anything is written, options and a generated spec that hold a control character (below 0x20
+    or 0x7f; in the spec, other than newlines and tabs), which could start a line of their own in the YAML.
 options:
   path:
     description: Where the spec goes.
@@ -35,12 +43,21 @@ def main():
                        "nvidia_ctk": {"type": "str", "default": "nvidia-ctk"}},
         supports_check_mode=True,
     )
+    refuse_control_characters(module, ("path", "nvidia_ctk"), "the CDI spec's path and program")
     path = module.params["path"]
     ctk = module.get_bin_path(module.params["nvidia_ctk"], required=True)
     rc, out, err = module.run_command([ctk, "--quiet", "cdi", "generate"])
     if rc != 0 or not out.strip():
         module.fail_json(msg=f"nvidia-ctk cdi generate failed (rc {rc}): {err.strip() or 'no spec printed'}", rc=rc)
-    content = (out.rstrip("\n") + "\n").encode()
+    text = out.rstrip("\n") + "\n"
+    found = control_character(text, allow="\n\t")
+    if found is not None:
+        index, char = found
+        module.fail_json(msg=f"the spec nvidia-ctk printed holds the control character {describe_character(char)} "
+                         f"on line {text.count(chr(10), 0, index) + 1}; a CDI spec (YAML) may hold no control "
+                         "characters other than newlines and tabs; nothing was written (fix: run `nvidia-ctk cdi "
+                         "generate` on the host and check what else prints to its standard output)")
+    content = text.encode()
     changed = differs(path, content) if module.check_mode else write_if_differs(path, content)
     module.exit_json(changed=changed, path=path)
 

@@ -13,6 +13,7 @@ import tempfile
 import tomllib
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpushare.fleet.plugins.module_utils.files import refuse_control_characters
 
 DOCUMENTATION = r"""
 module: containerd_runtime
@@ -28,6 +29,8 @@ description:
     drop-in as it is.
   - Adds the drop-in to C(imports) of the main config when it is not imported yet.
   - Returns C(changed) when a file was (or in check mode would be) written; containerd then needs a restart.
+  - Refuses, before anything is run or written, options that hold a control character (below 0x20, or 0x7f; in
+    O(content), other than newlines and tabs) and O(content) that is not TOML.
 options:
   content:
     description: The rendered drop-in (TOML).
@@ -246,16 +249,20 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    # The drop-in's text and the paths written into the main config's imports (and the files' names).
+    refuse_control_characters(module, ("content", "dropin_path", "config_path", "containerd", "runtime_name"),
+                              "containerd's drop-in and config values", allow={"content": "\n\t"})
+    rendered = _toml(module, p["content"], "content")
     containerd = Containerd(module)
     major, minor = containerd.version()
-    rendered = tomllib.loads(p["content"])
     cri_plugins = set(rendered.get("plugins", {}))
 
     config_text = ""
     if os.path.exists(p["config_path"]):
         with open(p["config_path"]) as handle:
             config_text = handle.read()
-    config = tomllib.loads(config_text) if config_text.strip() else {"version": rendered.get("version", 2)}
+    config = _toml(module, config_text, p["config_path"]) if config_text.strip() else {
+        "version": rendered.get("version", 2)}
     config_dir = os.path.dirname(p["config_path"])
     others = [i for i in expanded_imports(config, config_dir) if i != p["dropin_path"]]
 
@@ -313,6 +320,14 @@ def main():
                              + "; ".join(shown_after), differences=shown)
     module.exit_json(changed=changed, differences=shown, containerd_version=f"{major}.{minor}",
                      dropin=dropin_text, diff={"before": current_dropin or "", "after": dropin_text})
+
+
+def _toml(module, text, what):
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        module.fail_json(msg=f"{what} is not TOML: {err}; nothing was written (fix: give the drop-in gpushare "
+                         "rendered, or repair the file)")
 
 
 def _has_runtime(config, plugins, runtime):
