@@ -278,6 +278,10 @@ CASES: list[Case] = [
          setup=_imported("not-taken-effect", "nte")),
     Case("drift", 2, lambda w, s: ["drift", "--env", "dev", "--from", "/no/such/dir"], "mistyped dump path"),
     Case("drift", 2, lambda w, s: ["drift", "--env", "dev", "--from", "cases/dumps-not-yaml"], "dump not YAML"),
+    Case("diff", 2, lambda w, s: ["diff", "--env", "dev", "--kubeconfig", str(s / "no-such-kubeconfig")],
+         "kubeconfig not found"),
+    Case("diff", 2, lambda w, s: ["diff", "--env", "dev", "--kubeconfig", str(s / "used" / "notes.txt")],
+         "a kubeconfig that is not one", setup=_used_dir),
     Case("schema", 0, lambda w, s: ["schema", "--out", str(s / "schema")]),
     Case("init", 0, lambda w, s: ["init", str(s / "new")]),
     Case("init", 2, lambda w, s: ["init", str(s / "used")], "not empty", setup=_used_dir),
@@ -294,6 +298,8 @@ ELSEWHERE: dict[tuple[str, int], str] = {
     ("showback", 0): "needs DCGM history in Prometheus: tests/showback/test_showback_prometheus.py",
     ("promote", 0): "needs the source's run time in Prometheus: tests/test_promote_prometheus.py",
     ("demo-metrics", 0): "serves until Ctrl-C: tests/test_demo_metrics.py",
+    ("diff", 0): "needs a running API server: tests/cluster/test_adoption_running.py",
+    ("diff", 1): "needs running work to break: tests/cluster/test_adoption_running.py (--fail-on-impact)",
     ("demo-metrics", 1): "needs the Prometheus it started to die under it: not produced by any test yet",
 }
 

@@ -118,7 +118,8 @@ class Api:
         try:
             config.load_kube_config(config_file=str(kubeconfig), context=context,
                                     client_configuration=configuration)
-        except (ConfigException, OSError, ValueError) as exc:
+        except (ConfigException, OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
+            # the client reads any file it is given; what is not a kubeconfig surfaces as one of these
             raise GpushareError(Problem(f"cannot use the kubeconfig: {exc}", file=str(kubeconfig),
                                         path="--context" if context else "--kubeconfig",
                                         fix="give a kubeconfig file and one of its contexts"), exit_code=2) from None
