@@ -186,7 +186,11 @@ def adopted(clusters, tmp_path_factory):  # type: ignore[no-untyped-def]
                       {p["metadata"]["name"] for p in before if not _of_job(p)}, namespaces)
         return done[name]
 
-    return get
+    yield get
+    # Stopped with the module, not the session: each API server holds inotify instances (128 per user by default),
+    # which the later tests' programs (the device plugin's file watcher) need too.
+    for entry in done.values():
+        entry[1].stop()
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
