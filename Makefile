@@ -2,15 +2,22 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: plan test test-unit lint venv schema bench clean test-deps promtool testbins nvidia-bins pulumi-bins cluster-up \
-	demo-history
+.PHONY: plan test test-cluster test-unit lint venv schema bench clean test-deps promtool testbins nvidia-bins pulumi-bins \
+	cluster-up demo-history
 
 plan: venv
 	$(BIN)/gpushare plan --env dev
 	$(BIN)/gpushare preview --env dev --out build/dev
 
-test: venv lint test-deps promtool testbins nvidia-bins
-	$(if $(wildcard ../shared/nvidia-tools/bin),PATH=$(abspath ../shared/nvidia-tools/bin):$$PATH) $(BIN)/pytest
+# pytest in two phases (tools/run_tests.sh): the Go programs of testbins, pulumi-bins and nvidia-bins build in the
+# background while the tests that need none run, then tests/cluster and tests/nvidia run on them.
+test: venv lint test-deps promtool
+	$(if $(wildcard ../shared/nvidia-tools/bin),PATH=$(abspath ../shared/nvidia-tools/bin):$$PATH) tools/run_tests.sh
+
+# The control-plane, Kueue and real-engine tests alone, at the Kubernetes version of tools/versions.env or another one:
+#   make test-cluster KUBERNETES_VERSION=1.35.8   (the oldest minor gpushare supports; built once, like the rest)
+test-cluster: venv testbins pulumi-bins
+	$(BIN)/pytest tests/cluster
 
 # The fast local loop (docs/testing.md): no root-built test hosts, no Prometheus server, no fuzzing; under 3 minutes.
 test-unit: venv promtool $(if $(shell command -v go),nvidia-bins)
@@ -61,8 +68,7 @@ testbins:
 	tools/gobuild.sh kueue
 
 # The Pulumi CLI and the Kubernetes provider for the real-engine tests (tests/cluster/test_pulumi_*.py), built the
-# same way. Not part of `make test`: from an empty module cache these two builds take longer than the rest of the
-# suite's builds together, which would take CI past its time; without them those tests skip and say so.
+# same way (`make test` builds them too, beside its first phase).
 pulumi-bins:
 	tools/gobuild.sh pulumi
 	tools/gobuild.sh pulumi-kubernetes

@@ -55,7 +55,8 @@ def test_preview_prints_the_tree_and_says_what_it_cannot_check(tmp_path: Path) -
     out = " ".join(result.stdout.split())
     for text in ("gpushare:nvidia:NvidiaStack", "gcp:container/nodePool:NodePool", "TIME_SHARING x2",
                  "chart gpu-operator v26.7.0", "offline preview", "Helm chart rendering",
-                 "objects the GPU Operator creates", "cloud API validation", "1.31, 1.33"):
+                 "objects the GPU Operator creates", "cloud API validation",
+                 "each cluster's Kubernetes minor, 1.36 (pilot-gke), 1.36 (pilot-metal)"):
         assert text in out, text
 
 
@@ -265,8 +266,8 @@ def test_dra_kinds_are_checked_at_the_minors_that_serve_them() -> None:
 def test_the_shipped_dra_example_previews_clean(tmp_path: Path) -> None:
     result = preview("--env", str(DRA_EXAMPLE), "--out", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
-    # The summary says at which minors the DRA kinds were checked (they do not exist before 1.34).
-    assert "DeviceClass, ResourceClaimTemplate at 1.34, 1.37" in " ".join(result.output.split())
+    # The summary says at which minor each cluster's objects were checked: the cluster's own.
+    assert "each cluster's Kubernetes minor, 1.37 (lab-dra), 1.37 (lab-plugin)" in " ".join(result.output.split())
     written = {p.name for p in (tmp_path / "out" / "manifests" / "lab-dra").iterdir()}
     assert "deviceclass-gpushare-exclusive.yaml" in written
     assert "resourceclaimtemplate-partner-eval-gpushare-mig-balanced-1g.10gb.yaml" in written
@@ -281,3 +282,37 @@ def test_a_bad_dra_object_fails_the_preview() -> None:
     bad = KubernetesObject(obj.cluster, obj.resource, {**obj.body, "spec": {**obj.body["spec"], "selector": []}})
     errors = validate_object(bad)
     assert any("selector" in e and "1.34" in e for e in errors) and any("1.37" in e for e in errors)
+
+
+# ---------------------------------------------------------------- the cluster's own Kubernetes minor
+
+
+def test_objects_are_validated_against_their_clusters_minor() -> None:
+    # The pod-group field was workloadRef in 1.35 and is schedulingGroup from 1.36: only the minor's own schema
+    # says which one a cluster accepts.
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "n"},
+           "spec": {"containers": [{"name": "c", "image": "i"}], "schedulingGroup": {"podGroupName": "g"}}}
+    assert validate_object(obj(pod), ("1.37",)) == []
+    assert any("schedulingGroup" in e and "Kubernetes 1.35" in e for e in validate_object(obj(pod), ("1.35",)))
+
+
+@pytest.mark.parametrize(("version", "checked"), [("1.35", "1.35"), ("1.37", "1.37"), ("1.39", "1.37"),
+                                                  ("1.33", "1.33")])
+def test_the_preview_checks_each_cluster_at_its_kubernetes_version(version: str, checked: str) -> None:
+    data = (ROOT / "environments" / "dev.yaml").read_text().replace('kubernetes_version: "1.36"',
+                                                                     f'kubernetes_version: "{version}"')
+    path = ROOT / "build" / f"test-preview-minor-{version}" / "dev.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(data)
+    try:
+        result = run_preview(str(path))
+    finally:
+        path.unlink()
+        path.parent.rmdir()
+    assert result.ok, result.errors
+    assert result.checked_at == {"dev-metal": checked}
+    labels = next(o.body["metadata"]["labels"] for o in result.objects if o.kind == "Namespace"
+                  and "pod-security.kubernetes.io/enforce-version" in o.body["metadata"].get("labels", {}))
+    assert labels["pod-security.kubernetes.io/enforce-version"] == f"v{version}"
+    outside = [w for w in result.plan.warnings if "minors gpushare supports" in w] if result.plan else []
+    assert bool(outside) == (version in ("1.39", "1.33")), outside

@@ -5,7 +5,10 @@
 # finished build, so a second call returns at once. Nothing is downloaded but Go modules from the module proxy.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
+# A version set in the environment (make's command line exports it) wins over tools/versions.env.
+overrides=$(env | grep -E '^[A-Z_]+_VERSION=' || true)
 . "$here/versions.env"
+[ -z "$overrides" ] || eval "$(printf '%s\n' "$overrides" | sed -n "s/^\([A-Z_]*_VERSION\)=\([0-9A-Za-z.+-]*\)$/\1='\2'/p")"
 cache=${GPUSHARE_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpushare/bin}
 name=$1
 case $name in

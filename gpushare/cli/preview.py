@@ -27,7 +27,7 @@ def preview_command(
 ) -> None:
     """Offline preview of `pulumi up -s ENV`: the program under Pulumi's mock engine, every Kubernetes object
     validated (strict schemas of pinned Kubernetes minors, CRD schemas); exit 1 if anything is invalid."""
-    from gpushare.ops.preview import DRA_API_GROUP, KUBERNETES_VERSIONS, NOT_CHECKED, run_preview, versions_for
+    from gpushare.ops.preview import NOT_CHECKED, run_preview
 
     try:
         result = run_preview(env, out)
@@ -50,12 +50,11 @@ def preview_command(
         assert result.plan is not None
         console.print(resource_tree(result.plan, console.width))
         kinds = sorted({o.kind for o in result.objects})
-        dra = sorted({o.kind for o in result.objects if str(o.body.get("apiVersion", "")).startswith(DRA_API_GROUP)})
-        at_dra = f"; {', '.join(dra)} at {', '.join(versions_for(DRA_API_GROUP, KUBERNETES_VERSIONS))}" if dra else ""
+        at = ", ".join(f"{minor} ({cluster})" for cluster, minor in sorted(result.checked_at.items()))
         # Footer lines wrap at word boundaries to the terminal's width (Rich's default), never run past it.
         console.print(f"{len(result.plan.resources)} resources; {len(result.objects)} Kubernetes objects "
-                      f"({', '.join(kinds)}) validated against Kubernetes {', '.join(KUBERNETES_VERSIONS)}{at_dra} "
-                      "(strict) and the CRD schemas in gpushare/data", markup=False)
+                      f"({', '.join(kinds)}) validated against each cluster's Kubernetes minor, {at or 'none'} "
+                      "(strict schemas), and the CRD schemas in gpushare/data", markup=False)
         if result.written and out is not None:
             console.print(f"wrote {len(result.written)} files under {out}/manifests and {out}/helm-values",
                           markup=False)

@@ -388,7 +388,8 @@ class Cluster(Strict):
     cdi: bool = Field(True, description="GPU Operator cdi.enabled; the device plugin then uses CDI device lists.")
     kubernetes_version: Annotated[str, Field(pattern=KUBERNETES_MINOR_PATTERN)] = Field(
         description="The cluster's Kubernetes minor, as \"1.NN\" (1.30 or later: ValidatingAdmissionPolicy v1 is GA "
-        "there); tenant namespaces pin their Pod Security version to it."
+        "there; gpushare supports 1.35 to 1.37 and warns outside them); tenant namespaces pin their Pod Security "
+        "version to it, and `preview` validates the cluster's objects against its schemas."
     )
     kubeconfig_context: KubeconfigContext | None = None
     region: CloudLocation | None = None

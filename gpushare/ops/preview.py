@@ -20,14 +20,17 @@ from typing import Any
 
 import yaml
 
+from gpushare.core import kubeversions
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import package_data_path, project_root
 from gpushare.core.stacks import stack_config
 from gpushare.policy.rules import PlanResource
 from gpushare.render.fleet import PREVIEW_MARKER
 
-# Kubernetes minors every built-in object must validate against (kubernetes-validate bundles 1.25 to 1.37).
-KUBERNETES_VERSIONS = ("1.31", "1.33")
+# A preview validates each cluster's objects against the strict schemas of that cluster's kubernetes_version
+# (gpushare.core.kubeversions.schema_minor). These are the minors `validate_object` checks when asked for none: the
+# oldest and newest minors gpushare supports.
+KUBERNETES_VERSIONS = (kubeversions.text(kubeversions.OLDEST), kubeversions.text(kubeversions.NEWEST))
 # DRA objects (resource.k8s.io/v1: DeviceClass, ResourceClaimTemplate) exist from 1.34: checked at 1.34 and the latest.
 DRA_API_GROUP = "resource.k8s.io/"
 DRA_KUBERNETES_VERSIONS = ("1.34", "1.37")
@@ -82,6 +85,7 @@ class Plan:
     resources: list[PlannedResource]
     outputs: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    config: Mapping[str, Any] = field(default_factory=dict)  # the stack config the program ran with
 
     def by_urn(self) -> dict[str, PlannedResource]:
         return {r.urn: r for r in self.resources}
@@ -141,7 +145,24 @@ def collect_plan(env: str, config: Mapping[str, Any] | None = None, *, stack: st
     with _ENGINE_LOCK:
         plan = _run_program(program or program_file(), stack_name, cfg)
     plan.warnings[:0] = notes
+    plan.config = dict(cfg)
     return plan
+
+
+def cluster_minors(plan: Plan) -> dict[str, str]:
+    """Each cluster's kubernetes_version, from the environment file the stack's config names ({} if unreadable:
+    the program has already said why)."""
+    from gpushare.core.spec import load_environment
+    from gpushare.core.stacks import ENVIRONMENT_KEY, environment_file
+
+    value = plan.config.get(ENVIRONMENT_KEY)
+    if not value:
+        return {}
+    try:
+        env, _ = load_environment(environment_file(value))
+    except GpushareError:
+        return {}
+    return {c.name: c.kubernetes_version for c in env.clusters}
 
 
 def program_file() -> Path:
@@ -427,6 +448,7 @@ class PreviewResult:
     errors: list[str]
     warnings: list[str]
     written: list[Path] = field(default_factory=list)
+    checked_at: dict[str, str] = field(default_factory=dict)  # cluster -> the Kubernetes minor its objects met
 
     @property
     def ok(self) -> bool:
@@ -442,20 +464,27 @@ class PreviewResult:
         }
 
 
-def run_preview(env: str, out: Path | None = None, versions: Iterable[str] = KUBERNETES_VERSIONS,
+def run_preview(env: str, out: Path | None = None, versions: Iterable[str] | None = None,
                 config: Mapping[str, Any] | None = None) -> PreviewResult:
-    """Collect the plan, validate every Kubernetes object, and, only when all is valid, write the manifests."""
+    """Collect the plan, validate every Kubernetes object (against its cluster's Kubernetes minor, or at `versions`
+    when given), and, only when all is valid, write the manifests."""
     plan = collect_plan(env, config)
     objects = kubernetes_objects(plan)
-    versions = tuple(versions)
-    errors = [e for obj in objects for e in validate_object(obj, versions)]
+    minors = {cluster: kubeversions.schema_minor(v) for cluster, v in cluster_minors(plan).items()}
+    fallback = KUBERNETES_VERSIONS[-1]
+
+    def at(obj: KubernetesObject) -> tuple[str, ...]:
+        return tuple(versions) if versions is not None else (minors.get(obj.cluster, fallback),)
+
+    errors = [e for obj in objects for e in validate_object(obj, at(obj))]
     errors += check_node_label_allowlist(plan)
     seen: dict[str, KubernetesObject] = {}
     for obj in objects:
         if obj.path in seen:
             errors.append(f"{obj.label} and {seen[obj.path].label} are the same object")
         seen[obj.path] = obj
-    result = PreviewResult(plan, objects, errors, list(plan.warnings))
+    result = PreviewResult(plan, objects, errors, list(plan.warnings),
+                           checked_at={c: at(o)[0] for o in objects for c in [o.cluster]} if versions is None else {})
     if out is not None and result.ok:
         result.written = write_manifests(plan, objects, out)
     return result

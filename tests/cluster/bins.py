@@ -20,12 +20,14 @@ PROGRAMS = {
 
 @cache
 def versions() -> dict[str, str]:
+    """tools/versions.env, where a version set in the environment wins (`make test-cluster KUBERNETES_VERSION=1.35.8`
+    exports it), as tools/gobuild.sh reads it."""
     out: dict[str, str] = {}
     for line in VERSIONS.read_text().splitlines():
         line = line.strip()
         if line and not line.startswith("#") and "=" in line:
             key, _, value = line.partition("=")
-            out[key.strip()] = value.strip()
+            out[key.strip()] = os.environ.get(key.strip()) or value.strip()
     return out
 
 
@@ -42,6 +44,11 @@ class Binaries:
 
     def __getitem__(self, name: str) -> str:
         return str(self.folder[name])
+
+    @property
+    def kubernetes_version(self) -> str:
+        """The release these Kubernetes binaries were built from ("1.37.2")."""
+        return self.folder["kube-apiserver"].parent.name.removeprefix("kubernetes-")
 
 
 def program_dir(program: str) -> Path:

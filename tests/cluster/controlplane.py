@@ -39,9 +39,22 @@ from cryptography.x509.oid import NameOID
 from tests.cluster.bins import Binaries
 
 # Gates of the DRA features gpushare renders for (time-slicing through consumable capacity, dynamic MIG through
-# partitionable devices, admin access refused by policy): alpha or beta in 1.34, switched on as a DRA cluster's
-# operators would.
-FEATURE_GATES = "DRAConsumableCapacity=true,DRAPartitionableDevices=true,DRAAdminAccess=true"
+# partitionable devices): beta and on by default from 1.36 (gpushare.core.kubeversions), so 1.36 and 1.37 run as
+# they ship; before 1.36 they are alpha and switched on as a DRA cluster's operators would (and state in the
+# environment's dra.kubernetes_feature_gates). Everything else (device taints, the extended-resource mapping, admin
+# access) runs at the minor's defaults: the tests that need them say which minor they need.
+OPERATOR_GATES = ("DRAConsumableCapacity", "DRAPartitionableDevices")
+
+
+def feature_gates(kubernetes_version: str) -> str:
+    from gpushare.core.kubeversions import gate_on_by_default
+
+    return ",".join(f"{g}=true" for g in OPERATOR_GATES if not gate_on_by_default(g, kubernetes_version))
+
+
+# kwok's stages (0.8 compiles none in): its own node stages, and its own pod stages unless a cluster brings others.
+KWOK_NODE_STAGES = Path(__file__).with_name("kwok-stages-nodes.yaml")
+KWOK_POD_STAGES = Path(__file__).with_name("kwok-stages-pods.yaml")
 SERVICE_CIDR = "10.96.0.0/24"  # a setting only: nothing routes to it
 START_TIMEOUT = 90.0
 
@@ -199,7 +212,7 @@ class Cluster:
     def __init__(self, name: str, bins: Binaries, etcd: Etcd, folder: Path, kwok_config: Path | None = None) -> None:
         self.name = name
         self.folder = folder
-        self.kwok_config = kwok_config  # kwok's --config (its own stages for pods, say); None: kwok's defaults
+        self.kwok_config = kwok_config  # kwok's pod stages; None: kwok's own (KWOK_POD_STAGES)
         self.processes: list[Process] = []
         folder.mkdir(parents=True, exist_ok=True)
         pki = Pki(folder / "pki")
@@ -239,9 +252,14 @@ class Cluster:
 
     def _start(self, bins: Binaries, etcd: Etcd) -> None:
         pki = self.pki
+        on = feature_gates(bins.kubernetes_version)
+        gates = [f"--feature-gates={on}"] if on else []
         apiserver = spawn("kube-apiserver", [
             bins["kube-apiserver"], f"--etcd-servers={etcd.url}", f"--etcd-prefix=/clusters/{self.name}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            # From 1.37 the endpoint reconciler refuses a loopback address for the `kubernetes` Service's endpoints;
+            # nothing here routes to that Service, so no reconciler keeps them.
+            "--endpoint-reconciler-type=none",
             f"--tls-cert-file={pki.path('apiserver.crt')}", f"--tls-private-key-file={pki.path('apiserver.key')}",
             f"--client-ca-file={pki.path('ca.crt')}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -250,7 +268,7 @@ class Cluster:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true",  # as kubeadm sets it: gpushare's policies, not this flag, refuse privileged pods
-            f"--feature-gates={FEATURE_GATES}", "--profiling=false", "--v=1"], self.folder)
+            *gates, "--profiling=false", "--v=1"], self.folder)
         self.processes.append(apiserver)
         wait_until(f"kube-apiserver of {self.name}", self._ready, [apiserver])
         cm = self._kubeconfig("controller-manager")
@@ -259,13 +277,13 @@ class Cluster:
             f"--authorization-kubeconfig={cm}", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
             "--leader-elect=false", "--use-service-account-credentials=true",
             f"--service-account-private-key-file={pki.path('sa.key')}", f"--root-ca-file={pki.path('ca.crt')}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", f"--feature-gates={FEATURE_GATES}", "--v=1"],
+            f"--service-cluster-ip-range={SERVICE_CIDR}", *gates, "--v=1"],
             self.folder))
         scheduler = self._kubeconfig("scheduler")
         self.processes.append(spawn("kube-scheduler", [
             bins["kube-scheduler"], f"--kubeconfig={scheduler}", f"--authentication-kubeconfig={scheduler}",
             f"--authorization-kubeconfig={scheduler}", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-            "--leader-elect=false", f"--feature-gates={FEATURE_GATES}", "--v=1"], self.folder))
+            "--leader-elect=false", *gates, "--v=1"], self.folder))
         kwok = self._kubeconfig("kwok")
         self.processes.append(spawn("kwok", [
             bins["kwok"], f"--kubeconfig={kwok}", "--manage-all-nodes=false",
@@ -273,7 +291,7 @@ class Cluster:
             "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
             "--cidr=10.0.0.1/24", "--node-ip=10.0.0.1", f"--server-address=127.0.0.1:{free_port()}",
             "--node-lease-duration-seconds=40",
-            *([f"--config={self.kwok_config}"] if self.kwok_config else [])], self.folder))
+            f"--config={KWOK_NODE_STAGES}", f"--config={self.kwok_config or KWOK_POD_STAGES}"], self.folder))
         # The controllers are up once the service-account controller has made the default namespace's account.
         wait_until(f"the controllers of {self.name}", self._default_service_account, self.processes)
 

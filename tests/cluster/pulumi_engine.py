@@ -57,14 +57,12 @@ def local_charts(folder: Path) -> dict[str, str] | None:
     return out
 
 
-def tools_or_skip() -> dict[str, Path]:
-    import pytest
+def built_tools() -> dict[str, Path]:
+    """The CLI and provider `make test` builds (tools/run_tests.sh); missing, a failure where Go is, a skip only
+    without Go, as for the control plane's binaries."""
+    from tests.cluster.conftest import built_or_fail
 
-    found, why = find()
-    if found is None:
-        # Unlike the control plane's binaries, these are not built by `make test` (Makefile: pulumi-bins).
-        pytest.skip(why)
-    return found
+    return built_or_fail(*find())
 
 
 def charts_or_skip(folder: Path) -> dict[str, str]:

@@ -38,7 +38,7 @@ SYSTEM_NODE = "system-1"  # a kwok node without GPUs or taints
 
 @pytest.fixture(scope="session")
 def pulumi_tools() -> dict[str, Path]:
-    return engine.tools_or_skip()
+    return engine.built_tools()
 
 
 @pytest.fixture(scope="session")
@@ -101,7 +101,7 @@ def prepare(env: str, clusters: ClusterFactory, folder: Path, tools: dict[str, P
 
 def brought_up(env: str, clusters: ClusterFactory, tmp_path_factory: pytest.TempPathFactory, prefix: str) -> Stack:
     """A stack of its own (API servers named by `prefix`) after a first `pulumi up`; skips without the programs."""
-    tools = engine.tools_or_skip()
+    tools = engine.built_tools()
     charts = engine.charts_or_skip(tmp_path_factory.mktemp("charts"))
     stack = prepare(env, clusters, tmp_path_factory.mktemp(f"ws-{env}-{prefix}"), tools, charts, prefix=prefix)
     first = stack.run("up")
