@@ -67,11 +67,13 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     backfill(_no_pool_label(end - NO_POOL_LABEL_AGO), work, data)
     backfill(_fqdn_hostname(end - FQDN_HOSTNAME_AGO), work, data)
     backfill(_mig_only_demand(end - MIG_ONLY_DEMAND_AGO), work, data)
+    backfill(_gated_demand(end - GATED_DEMAND_AGO), work, data)
     return data, end
 
 
 SHARED_DEMAND_AGO, NO_HOSTNAME_AGO, NODE_GAP_AGO = 86400, 2 * 86400, 3 * 86400
 NO_POOL_LABEL_AGO, FQDN_HOSTNAME_AGO, MIG_ONLY_DEMAND_AGO = 4 * 86400, 5 * 86400, 6 * 86400
+GATED_DEMAND_AGO = 7 * 86400
 NODE_GAP = (20 * 60, 100 * 60)  # seconds into the node-gap scenario's two hours: under-2's exporter sent nothing
 
 
@@ -104,6 +106,22 @@ def _mig_only_demand(end: int) -> Scenario:
                  swing=0.01, mig={"4g.40gb": (1, 40448), "3g.40gb": (1, 40448)}, pod_memory_mib=3072,
                  mig_util={"3g.40gb": 0.99, "4g.40gb": 0.5}, queue="tenant-llm", pending=2, wait_seconds=2400,
                  pending_resources={"nvidia.com/mig-3g.40gb": 2}),
+    ])
+
+
+def _gated_demand(end: int) -> Scenario:
+    """As _mig_only_demand, from a Kueue without metrics.enableClusterQueueResources: tenant-llm's queue says only
+    that two workloads wait (no pending requests per resource), and its two pods wait behind Kueue's scheduling gate
+    asking for mig-3g.40gb, which only mig-idle advertises."""
+    return Scenario(start=end - 2 * 3600, end=end, pools=[
+        PoolLoad("ts-underused", "NVIDIA L40S", 46068, {"under-1": 2, "under-2": 2}, "inference", util=0.5,
+                 replicas=2, pod_memory_mib=4096, resource="nvidia_com_gpu_shared"),
+        PoolLoad("ts-membound", "NVIDIA L40S", 46068, {"membound-1": 4}, "inference", util=0.5, replicas=2,
+                 pod_memory_mib=4096, resource="nvidia_com_gpu_shared"),
+        PoolLoad("mig-idle", "NVIDIA H100 80GB HBM3", 81559, {"mig-1": 2, "mig-2": 2}, "llm", util=0.5,
+                 swing=0.01, mig={"4g.40gb": (1, 40448), "3g.40gb": (1, 40448)}, pod_memory_mib=3072,
+                 mig_util={"3g.40gb": 0.99, "4g.40gb": 0.5}, queue="tenant-llm", pending=2, wait_seconds=2400,
+                 gated=("nvidia_com_mig_3g_40gb", 2)),
     ])
 
 
@@ -602,6 +620,49 @@ def test_work_waiting_for_one_pools_mig_profile_grows_only_that_pool(prometheus:
         pool = _pool(data, name)
         assert not any("queues" in x for x in pool["reasons"]), (name, pool["reasons"])
         assert pool["gpus_proposed"] <= pool["gpus_now"], (name, pool)
+
+
+@pytest.mark.slow  # a real Prometheus server over backfilled series
+@pytest.mark.parametrize("source", ["raw", "recorded"])
+def test_work_waiting_behind_kueues_gate_counts_where_its_pods_resources_are(
+        prometheus: tuple[str, int], backfilled: tuple[Path, int], tmp_path: Path, source: str) -> None:
+    """Kueue without per-resource pending metrics: tenant-llm's queue reaches mig-idle and both time-sliced pools, and
+    its two waiting workloads were split three ways, so the time-sliced pools, which advertise nothing the waiting
+    pods ask for, were charged with them. Attributed by the gated pods' requests (mig-3g.40gb), they count on mig-idle
+    only, raw and through the recording rules alike."""
+    from gpushare.render.monitoring.rules import queues_by_pool
+
+    url, end = prometheus
+    env = llm_reaching_shared_pools(tmp_path)
+    fleet = resolve(env, PROFILES)
+    queues, _ = queues_by_pool(fleet, load_guardrails(), [p for p in fleet.pools if p.cluster == "metal-a"])
+    assert all("tenant-llm" in queues[p] for p in ("mig-idle", "ts-underused", "ts-membound"))  # the premise
+    at = end - GATED_DEMAND_AGO
+    args = ["capacity", "--env", str(env), "--window", "2h", "--end", str(at), "--json", "--source", source,
+            "--patch", str(tmp_path / "p.patch")]
+    if source == "raw":
+        result = runner.invoke(app, [*args, "--prometheus", url])
+    else:  # the rules rendered for this environment, evaluated by promtool over the scenario's span
+        import shutil
+
+        from gpushare.render.monitoring import prometheus_rule_groups
+        from tests.prometheus.scenarios import backfill_recording_rules
+
+        data_dir = tmp_path / "data"
+        shutil.copytree(backfilled[0], data_dir,
+                        ignore=shutil.ignore_patterns("wal", "chunks_head", "lock", "queries.active"))
+        backfill_recording_rules(prometheus_rule_groups(fleet, load_guardrails()), data_dir, tmp_path,
+                                 at - 2 * 3600, at)
+        with prometheus_server(data_dir, tmp_path) as recorded_url:
+            result = runner.invoke(app, [*args, "--prometheus", recorded_url])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    pending = {p["pool"]: p["evidence_figures"]["pending_mean"] for p in data["pools"]}
+    assert pending["mig-idle"] == pytest.approx(2, abs=0.1), pending
+    assert pending["ts-underused"] == pytest.approx(0, abs=0.01), pending
+    assert pending["ts-membound"] == pytest.approx(0, abs=0.01), pending
+    for name in ("ts-underused", "ts-membound"):
+        assert not any("queues" in x for x in _pool(data, name)["reasons"]), (name, _pool(data, name)["reasons"])
 
 
 @pytest.mark.slow  # a real Prometheus server over backfilled series

@@ -328,18 +328,33 @@ def test_mig_strategy_single_on_a_dra_cluster_is_refused(write_env: Any) -> None
     assert "mixed" in problem.fix
 
 
+def gate_problems(write_env: Any, d: dict[str, Any]) -> list[Any]:
+    """The problems about Kubernetes feature gates (the fixture's dynamic MIG beside time-slicing is also refused
+    before 1.36, test_dynamic_mig_beside_time_slicing_needs_1_36)."""
+    try:
+        resolve(write_env(d), PROFILES)
+    except GpushareError as error:
+        return [p for p in error.problems if "feature gate" in p.message]
+    return []
+
+
 def test_profiles_need_the_kubernetes_gates_the_cluster_states(write_env: Any) -> None:
-    # Without DRAConsumableCapacity (and DRAPartitionableDevices before 1.36) the API server drops the fields.
+    # Before 1.36, without DRAConsumableCapacity and DRAPartitionableDevices the API server drops the fields.
     d = data()
+    cluster_named(d, DRA)["kubernetes_version"] = "1.34"
     cluster_named(d, DRA)["dra"]["kubernetes_feature_gates"] = []
-    problems = refused(write_env, d).problems
+    problems = gate_problems(write_env, d)
     assert sorted(p.message.split("Kubernetes' ")[1].split(" ")[0] for p in problems) == [
         "DRAConsumableCapacity", "DRAPartitionableDevices"]
     assert all(p.path == "clusters[1].dra.kubernetes_feature_gates" and p.fix for p in problems)
-    cluster_named(d, DRA)["kubernetes_version"] = "1.36"  # partitionable devices are on by default from 1.36
-    assert ["DRAConsumableCapacity" in p.message for p in refused(write_env, d).problems] == [True]
-    cluster_named(d, DRA)["dra"]["kubernetes_feature_gates"] = ["DRAConsumableCapacity"]
-    resolve(write_env(d), PROFILES)
+    cluster_named(d, DRA)["kubernetes_version"] = "1.35"  # still alpha (capacity) and alpha (partitions) in 1.35
+    assert len(gate_problems(write_env, d)) == 2
+    cluster_named(d, DRA)["dra"]["kubernetes_feature_gates"] = ["DRAConsumableCapacity", "DRAPartitionableDevices"]
+    assert gate_problems(write_env, d) == []
+    for version in ("1.36", "1.37"):  # both beta, on by default, from 1.36: nothing to state
+        cluster_named(d, DRA)["kubernetes_version"] = version
+        cluster_named(d, DRA)["dra"]["kubernetes_feature_gates"] = []
+        resolve(write_env(d), PROFILES)
 
 
 def test_dra_block_on_a_device_plugin_cluster_is_refused(write_env: Any) -> None:
@@ -502,3 +517,70 @@ def test_rollout_gate_counts_static_mig_instances_per_profile(write_env: Any) ->
     whole = resource_slice(node.name, [{"type": "gpu"}] * 8)  # mig-parted has not applied the layout yet
     assert published_mismatch(node, [whole]) == ["MIG 3g.40gb devices: 0 published (expected 8)",
                                                  "MIG 4g.40gb devices: 0 published (expected 8)"]
+
+
+# ---------------------------------------------------------------- the partitionable shape (issue 38)
+# What the real kube-scheduler does with the slices NVIDIA's driver publishes under DynamicMIG and consumable shares
+# is shown in tests/cluster/test_dra_partitionable.py; these are the refusals and renderings that follow from it.
+
+
+def test_dynamic_mig_beside_time_slicing_needs_1_36(write_env: Any) -> None:
+    """Before 1.36 the scheduler does not subtract the counters of devices allocated with consumable capacity, and
+    the cluster's time-sliced profile puts consumable shares on every device: dynamic MIG would overcommit GPUs."""
+    d = data()
+    cluster_named(d, DRA)["kubernetes_version"] = "1.35"  # the fixture states both alpha gates
+    problem = only_problem(refused(write_env, d))
+    assert problem.path == "clusters[1].kubernetes_version" and "overcommits GPUs" in problem.message, problem
+    for pool in ("dra-mig", "dra-llm"):  # no dynamic MIG: nothing consumes counters
+        pool_named(d, pool)["mig_mode"] = "static"
+    resolve(write_env(d), PROFILES)
+    for version in ("1.36", "1.37"):
+        d = data()
+        cluster_named(d, DRA)["kubernetes_version"] = version
+        resolve(write_env(d), PROFILES)
+
+
+def test_time_slicing_on_devices_a_claim_consumes_whole_is_refused(write_env: Any) -> None:
+    """The driver gives partitionable full GPUs (Hopper and newer under DynamicMIG) and every MIG device SM and
+    engine capacities without a request policy: the first claim consumes them whole, so time-slicing there is
+    refused. An Ampere GPU with MIG off, or a GPU without MIG, stays a plain shareable device."""
+    d = data()
+    pool_named(d, "dra-notebooks")["gpu_model"] = "NVIDIA H100 80GB HBM3"
+    problem = only_problem(refused(write_env, d))
+    assert problem.path == "pools[5].profile" and "partitionable devices" in problem.message, problem
+    pool_named(d, "dra-notebooks")["gpu_model"] = "NVIDIA A100-SXM4-80GB"
+    resolve(write_env(d), PROFILES)
+    h100 = fleet().pool("dra-llm").nodes[0].gpu_model
+    l40s = fleet().pool("dra-notebooks").nodes[0].gpu_model
+    assert dra.shares_refusal(h100, "time-slicing", dynamic_mig=False) is None  # no DynamicMIG: memory only
+    assert dra.shares_refusal(l40s, "time-slicing", dynamic_mig=True) is None
+    for dynamic in (False, True):  # MIG devices carry SM capacities, static or dynamic
+        refusal = dra.shares_refusal(h100, "mig-time-slicing", dynamic_mig=dynamic)
+        assert refusal is not None and "MIG devices" in refusal[0] and refusal[1]
+    assert dra.shares_refusal(h100, "mig", dynamic_mig=True) is None
+
+
+def test_kueue_counts_time_sliced_claims_by_the_shares_they_consume() -> None:
+    """A resource only time-sliced classes count as maps them with a capacity source (`shares` of the driver's
+    devices), which needs Kueue's KueueDRAIntegrationConsumableCapacity: gpushare's Kueue values turn it on. MIG and
+    exclusive classes, and a resource a time-sliced class shares with another, stay device counts."""
+    from gpushare.program.components.tenancy import check_kueue_values, kueue_values
+
+    mappings = {m["name"]: m for m in dra.kueue_device_class_mappings(fleet(), DRA)}
+    assert mappings["nvidia.com/gpu.shared"]["sources"] == [{"capacity": {
+        "name": "shares", "driver": "gpu.nvidia.com",
+        "deviceSelector": {"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}}}]
+    assert [n for n, m in mappings.items() if "sources" in m] == ["nvidia.com/gpu.shared"]
+    assert dra.kueue_feature_gates(list(mappings.values())) == {"KueueDRAIntegrationConsumableCapacity": True}
+    values = kueue_values(fleet(), fleet().clusters[DRA])
+    assert values["controllerManager"] == {"featureGates": [
+        {"name": "KueueDRAIntegrationConsumableCapacity", "enabled": True}]}
+    assert check_kueue_values(values) == []
+    assert "controllerManager" not in kueue_values(fleet(), fleet().clusters[PLUGIN])
+
+    def plan(name: str, kind: str) -> dra.DeviceClassPlan:
+        return dra.DeviceClassPlan(name=name, profile=name, kind=kind, instance=None, models=("NVIDIA L4",),
+                                   resource="nvidia.com/gpu", hardware_isolated=kind == "exclusive")
+
+    (mixed,) = dra.mappings_for_plans([plan("gpushare-ts", "time-slicing"), plan("gpushare-x", "exclusive")])
+    assert "sources" not in mixed and dra.kueue_feature_gates([mixed]) == {}

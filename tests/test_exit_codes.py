@@ -175,13 +175,16 @@ def _imported(name: str, env: str) -> Callable[[World, Path, pytest.MonkeyPatch]
     return setup
 
 
-def _fresh(extra: dict[str, str] | None = None) -> Callable[[World, Path, pytest.MonkeyPatch], None]:
+def _fresh(extra: dict[str, str] | None = None, links: dict[str, str] | None = None
+           ) -> Callable[[World, Path, pytest.MonkeyPatch], None]:
     def setup(w: World, scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         from gpushare.cli.init import write_workspace
 
         write_workspace(scratch / "ws")
         for rel, text in (extra or {}).items():
             (scratch / "ws" / rel).write_text(text)
+        for rel, target in (links or {}).items():
+            (scratch / "ws" / rel).symlink_to(target)
     return setup
 
 
@@ -282,7 +285,13 @@ CASES: list[Case] = [
          "kubeconfig not found"),
     Case("diff", 2, lambda w, s: ["diff", "--env", "dev", "--kubeconfig", str(s / "used" / "notes.txt")],
          "a kubeconfig that is not one", setup=_used_dir),
+    Case("drift", 2, lambda w, s: ["drift", "--env", "dev", "--kubeconfig", str(s / "used" / "notes.txt")],
+         "a kubeconfig that is not one", setup=_used_dir),
+    Case("validate", 2, lambda w, s: ["validate", "--env", str(s / "ws" / "environments" / "dev.yaml")],
+         "a profile that is a link to itself", setup=_fresh(links={"profiles/loop.yaml": "loop.yaml"})),
     Case("schema", 0, lambda w, s: ["schema", "--out", str(s / "schema")]),
+    Case("schema", 2, lambda w, s: ["schema", "--out", str(s / "used" / "notes.txt")], "an --out that is a file",
+         setup=_used_dir),
     Case("init", 0, lambda w, s: ["init", str(s / "new")]),
     Case("init", 2, lambda w, s: ["init", str(s / "used")], "not empty", setup=_used_dir),
     Case("demo-metrics", 2, lambda w, s: ["demo-metrics", "--data-dir", str(s / "used")], "a used --data-dir",

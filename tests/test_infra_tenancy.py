@@ -3,6 +3,7 @@ object registered one by one per cluster, queues after Kueue and their namespace
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import yaml
 
 from gpushare.core.errors import GpushareError
 from gpushare.core.resolve import resolve_env
-from gpushare.core.tenancy import KUEUE_EXCLUDED_PREFIXES
+from gpushare.core.tenancy import ADMIN_RULES, DEVELOPER_RULES, KUEUE_EXCLUDED_PREFIXES
 from gpushare.ops.preview import collect_plan
 from gpushare.policy.admission import DATA_POLICIES, NAMESPACE_POLICIES, POLICIES
 from gpushare.program.components.tenancy import KUEUE_VERSION, check_kueue_values, kueue_chart_defaults
@@ -157,3 +158,31 @@ def test_admission_follows_the_clusters_pools_and_kueue() -> None:
     assert "'partner/gpushare.io/pool=a100-mig:NoSchedule'" in pools
     assert "'partner/gpushare.io/pool=l40s-shared:NoSchedule'" not in pools
     assert "'value': 'l40s-shared'" in pools
+
+
+def test_tenant_roles_and_their_bindings_are_registered_after_namespace_and_role(tmp_path: Path) -> None:
+    """Every cluster gets the two tenant ClusterRoles; a tenant that names its people gets a RoleBinding per role in
+    its namespace, created after the namespace and the role it grants."""
+    data = yaml.safe_load(SECURITY_FIXTURE.read_text())
+    tenants = {t["name"]: t for t in data["tenants"]}
+    tenants["partner"].update(developers=["partner-devs", "user:eve@example.com"], admins=["partner-leads"])
+    env = tmp_path / "environments" / "tenants.yaml"
+    env.parent.mkdir()
+    env.write_text(yaml.safe_dump(data, sort_keys=False))
+    (tmp_path / "profiles").symlink_to(ROOT / "tests" / "fixtures" / "profiles")
+    plan = plan_of(env, MONITORING)
+    roles = {r.inputs["metadata"]["name"]: r for r in plan.of_type("rbac.authorization.k8s.io/v1:ClusterRole")}
+    assert set(roles) == {"gpushare-tenant-developer", "gpushare-tenant-admin"}
+    assert roles["gpushare-tenant-developer"].inputs["rules"] == DEVELOPER_RULES
+    assert roles["gpushare-tenant-admin"].inputs["rules"] == ADMIN_RULES
+    namespaces = {r.inputs["metadata"]["name"]: r.urn for r in plan.of_type("core/v1:Namespace")}
+    bindings = {(r.inputs["metadata"]["namespace"], r.inputs["metadata"]["name"]): r
+                for r in plan.of_type("rbac.authorization.k8s.io/v1:RoleBinding")}
+    assert set(bindings) == {("partner", "gpushare-developers"), ("partner", "gpushare-admins")}
+    for (ns, name), binding in bindings.items():
+        role = binding.inputs["roleRef"]["name"]
+        assert role == ("gpushare-tenant-developer" if name == "gpushare-developers" else "gpushare-tenant-admin")
+        assert {namespaces[ns], roles[role].urn} <= set(binding.dependencies), name
+    assert bindings[("partner", "gpushare-developers")].inputs["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "partner-devs"},
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "eve@example.com"}]

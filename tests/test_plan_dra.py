@@ -4,6 +4,7 @@ each path gives and what does not carry over (docs/dra.md)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -45,3 +46,21 @@ def test_plan_text_in_both_layouts() -> None:
 def test_device_plugin_only_environments_show_no_allocation_section() -> None:
     assert "allocation" not in json.loads(plan("--env", "dev", "--json"))
     assert "GPU allocation" not in plan("--env", "dev")
+
+
+def test_plan_says_what_the_clusters_minor_does_about_preemption_of_dra_pods(monkeypatch: Any) -> None:
+    """No supported minor preempts a pod for the DRA devices it holds (tests/cluster/test_dra_partitionable.py shows
+    1.37's scheduler leaving the victim alone): every DRA row says so for the cluster's own minor, device-plugin rows
+    say nothing; a minor that did preempt would be named as doing so."""
+    from gpushare.core import kubeversions
+
+    rows = json.loads(plan("--env", str(EXAMPLE), "--json"))["allocation"]
+    dra_rows = [r for r in rows if r["path"] == "dra"]
+    assert dra_rows and all("priority preemption: Kubernetes 1.37's scheduler does not evict a lower-priority pod "
+                            "for the DRA device it holds" in r["not carried over"] for r in dra_rows)
+    assert all("preemption" not in r["not carried over"] for r in rows if r["path"] != "dra")
+    assert "Kueue still preempts by quota" in " ".join(plan("--env", str(EXAMPLE), columns="90").split())
+    monkeypatch.setattr(kubeversions, "PREEMPTS_DRA_PODS", frozenset({(1, 37)}))
+    rows = json.loads(plan("--env", str(EXAMPLE), "--json"))["allocation"]
+    assert all("Kubernetes 1.37's scheduler preempts pods for the DRA devices they hold" in r["not carried over"]
+               for r in rows if r["path"] == "dra")

@@ -170,6 +170,43 @@ def test_quota_above_capacity_is_one_rule_advisory_where_validate_only_warns(dev
     assert [v.level for v in fired(context(write_env, dev_data), "tenant-quota-within-capacity")] == ["mandatory"]
 
 
+def test_a_borrowing_limit_above_the_cluster_warns_in_dev_and_is_refused_in_pilot(dev_data: dict[str, Any],
+                                                                                  write_env: Any) -> None:
+    """A tenant's ResourceQuota is its guarantee plus its borrowing limit: 8 guaranteed and 400 borrowable GPUs in a
+    cluster of 8 passed validate and check in dev without a word. Now the same rule and guardrail as a guarantee
+    above the cluster: validate warns and check lists it as advisory in dev; pilot refuses it in validate, plan and
+    check."""
+    tenant_named(dev_data, "research")["borrowing_limit"] = {"nvidia.com/gpu": 400}
+    path = write_env(dev_data)
+    warned = CliRunner().invoke(app, ["validate", "--env", str(path), "--json"])
+    assert warned.exit_code == 0, warned.output
+    said = [w for w in json.loads(warned.stdout)["warnings"] if "400 nvidia.com/gpu" in w]
+    assert said == ["cluster dev-metal: tenant research may borrow 400 nvidia.com/gpu beside its 8 guaranteed (its "
+                    "ResourceQuota allows 408) but the pools advertise 8"], json.loads(warned.stdout)["warnings"]
+    checked = CliRunner().invoke(app, ["check", "--env", str(path), "--json", "--no-plan"])
+    assert checked.exit_code == 0, checked.output
+    (v,) = [v for v in json.loads(checked.stdout)["violations"] if "quota" in v["rule"]]
+    assert (v["rule"], v["level"], v["where"]) == ("tenant-quota-within-capacity", "advisory",
+                                                   "tenants[1].borrowing_limit.nvidia.com/gpu")
+    # Within the cluster it says nothing: 8 guaranteed beside what the pools have left to lend is fine.
+    tenant_named(dev_data, "research")["quota"] = {"nvidia.com/gpu": 6}
+    tenant_named(dev_data, "research")["borrowing_limit"] = {"nvidia.com/gpu": 2}
+    assert fired(context(write_env, dev_data), "tenant-quota-within-capacity") == []
+    tenant_named(dev_data, "research")["borrowing_limit"] = {"nvidia.com/gpu": 3}
+    (v,) = fired(context(write_env, dev_data), "tenant-quota-within-capacity")
+    assert "may borrow 3" in v.message and "allows 9" in v.message and "advertise 8" in v.message, v.message
+    # pilot refuses it: validate fails with the file, the line, the field and the fix
+    dev_data["name"] = "pilot"
+    tenant_named(dev_data, "research")["borrowing_limit"] = {"nvidia.com/gpu": 400}
+    path = write_env(dev_data)
+    refused = CliRunner().invoke(app, ["validate", "--env", str(path), "--json"])
+    assert refused.exit_code == 1, refused.output
+    (problem,) = [p for p in json.loads(refused.stdout)["problems"] if "borrow" in p["message"]]
+    assert problem["file"] == str(path) and problem["line"] and problem["path"] == \
+        "tenants[1].borrowing_limit.nvidia.com/gpu" and "lower the borrowing limit" in problem["fix"], problem
+    assert [v.level for v in fired(context(write_env, dev_data), "tenant-quota-within-capacity")] == ["mandatory"]
+
+
 def test_waivers_naming_the_old_quota_rule_id_still_work(tmp_path: Path, dev_data: dict[str, Any],
                                                          write_env: Any) -> None:
     """tenant-quota-above-capacity is now the advisory level of tenant-quota-within-capacity: a waiver file (or

@@ -324,3 +324,114 @@ def test_kueue_still_counts_what_is_not_a_host_resource() -> None:
         "resource example.com/fpga unavailable in ClusterQueue")
     assert kueue_refusal(queue, {**defaults, "nvidia.com/mig-3g.40gb": 99}, ct.kueue_resources) == (
         "insufficient quota for nvidia.com/mig-3g.40gb")
+
+
+# ---------------------------------------------------------------- tenant RBAC (issue 39, item 12)
+
+def _allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+    """What the RBAC authorizer decides for a namespaced request under these rules (no resourceNames in them)."""
+    return any((group in r["apiGroups"] or "*" in r["apiGroups"]) and (resource in r["resources"] or
+               "*" in r["resources"]) and (verb in r["verbs"] or "*" in r["verbs"]) for r in rules)
+
+
+WRITES = ("create", "update", "patch", "delete", "deletecollection")
+# What stops a tenant only because no role of its grants the verb: Kueue's objects, its quotas and host limits,
+# binding pods past the scheduler and gates, writing their status, other identities, tokens, DaemonSets and
+# PodDisruptionBudgets (a DaemonSet lands a pod on every node it tolerates, a PDB can hold a node's drain).
+NEVER = [
+    *[("kueue.x-k8s.io", res, verb) for res in ("workloads", "localqueues") for verb in WRITES],
+    *[("kueue.x-k8s.io", res, verb) for res in ("workloads/status", "localqueues/status")
+      for verb in ("update", "patch")],
+    *[("", res, verb) for res in ("resourcequotas", "limitranges") for verb in WRITES],
+    *[("", res, verb) for res in ("resourcequotas/status", "pods/status", "pods/ephemeralcontainers",
+                                  "namespaces", "namespaces/status", "namespaces/finalize")
+      for verb in ("update", "patch")],
+    ("", "pods/binding", "create"), ("", "bindings", "create"), ("", "serviceaccounts/token", "create"),
+    *[(group, res, "impersonate") for group, res in (("", "users"), ("", "groups"), ("", "serviceaccounts"),
+                                                     ("authentication.k8s.io", "userextras"),
+                                                     ("authentication.k8s.io", "uids"))],
+    ("apps", "daemonsets", "create"), ("policy", "poddisruptionbudgets", "create"),
+    ("resource.k8s.io", "resourceclaimtemplates", "update"), ("resource.k8s.io", "resourceclaims", "create"),
+    ("batch", "jobs/status", "update"), ("apps", "deployments/status", "update"),
+    ("events.k8s.io", "events", "create"),
+]
+EVERYDAY = [
+    *[(group, res, verb) for group, res in (("", "pods"), ("apps", "deployments"), ("apps", "statefulsets"),
+                                            ("batch", "jobs"), ("batch", "cronjobs"), ("", "configmaps"),
+                                            ("", "secrets"), ("", "services"), ("", "persistentvolumeclaims"))
+      for verb in ("create", "get", "list", "watch", "update", "patch", "delete")],
+    ("", "pods/log", "get"), ("", "pods/exec", "create"), ("apps", "deployments/scale", "patch"),
+    *[("kueue.x-k8s.io", res, verb) for res in ("localqueues", "workloads") for verb in ("get", "list", "watch")],
+    *[("", res, verb) for res in ("resourcequotas", "limitranges", "events") for verb in ("get", "list")],
+    ("", "namespaces", "get"), ("resource.k8s.io", "resourceclaimtemplates", "get"),
+]
+
+
+def test_tenant_roles_grant_everyday_work_and_none_of_what_only_rbac_withholds() -> None:
+    from gpushare.core.tenancy import ADMIN_ROLE, DEVELOPER_ROLE, tenant_roles
+
+    roles = {r["metadata"]["name"]: r["rules"] for r in tenant_roles()}
+    assert set(roles) == {DEVELOPER_ROLE, ADMIN_ROLE}
+    for name, rules in roles.items():
+        # no wildcard anywhere, and none of the verbs that reach past the namespace's own objects
+        assert not any("*" in r[k] for r in rules for k in ("apiGroups", "resources", "verbs")), name
+        assert not {"bind", "escalate", "impersonate", "approve", "sign"} & {v for r in rules for v in r["verbs"]}
+        assert not any("resourceNames" in r or "nonResourceURLs" in r for r in rules), name
+        granted = [(g, res, v) for g, res, v in NEVER if _allows(rules, g, res, v)]
+        assert not granted, (name, granted)
+        missing = [(g, res, v) for g, res, v in EVERYDAY if not _allows(rules, g, res, v)]
+        assert not missing, (name, missing)
+    # The admin manages who may do what in the namespace and its identities; a developer does not.
+    for group, res, verb in (("rbac.authorization.k8s.io", "rolebindings", "create"),
+                             ("rbac.authorization.k8s.io", "roles", "create"), ("", "serviceaccounts", "create"),
+                             ("networking.k8s.io", "networkpolicies", "create")):
+        assert _allows(roles[ADMIN_ROLE], group, res, verb) and not _allows(roles[DEVELOPER_ROLE], group, res, verb)
+    # Everything the developer may do, the admin may too: so an admin can bind the developer role to others.
+    assert all(rule in roles[ADMIN_ROLE] for rule in roles[DEVELOPER_ROLE])
+
+
+def test_tenants_naming_their_people_get_role_bindings_in_their_namespace(dev_data: dict[str, Any],
+                                                                           write_env: Any) -> None:
+    tenant_named(dev_data, "search").update(developers=["search-devs", "user:alice@example.com"],
+                                            admins=["oidc:search-leads"])
+    tenant_named(dev_data, "partner-eval")["developers"] = ["partner-eval-devs"]
+    ct = cluster_tenancy(resolve(write_env(dev_data), PROFILES), "dev-metal", load_guardrails())
+    roles = by_kind(ct.objects, "ClusterRole")
+    assert set(roles) == {"gpushare-tenant-developer", "gpushare-tenant-admin"}
+    bindings = by_kind(ct.objects, "RoleBinding")
+    # Only tenants that name people get bindings, one per role they name people for.
+    assert set(bindings) == {"search-inference/gpushare-developers", "search-inference/gpushare-admins",
+                             "partner-eval/gpushare-developers"}
+    group = "rbac.authorization.k8s.io"
+    assert bindings["search-inference/gpushare-developers"]["subjects"] == [
+        {"apiGroup": group, "kind": "Group", "name": "search-devs"},
+        {"apiGroup": group, "kind": "User", "name": "alice@example.com"}]
+    assert bindings["search-inference/gpushare-developers"]["roleRef"] == {
+        "apiGroup": group, "kind": "ClusterRole", "name": "gpushare-tenant-developer"}
+    assert bindings["search-inference/gpushare-admins"]["roleRef"]["name"] == "gpushare-tenant-admin"
+    assert bindings["search-inference/gpushare-admins"]["subjects"] == [
+        {"apiGroup": group, "kind": "Group", "name": "oidc:search-leads"}]
+    for obj in [*roles.values(), *bindings.values()]:
+        validate(obj)
+        assert obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpushare"}
+
+
+@pytest.mark.parametrize("subject", ["system:authenticated", "system:serviceaccounts", "system:masters",
+                                     "system:serviceaccounts:search-inference", "user:system:admin", "user:",
+                                     "team{{ x }}", "a$(id)", "`id`", ""])
+def test_a_tenants_people_are_never_kubernetes_own_identities(dev_data: dict[str, Any], write_env: Any,
+                                                              subject: str) -> None:
+    tenant_named(dev_data, "search")["developers"] = ["search-devs", subject]
+    path = write_env(dev_data)
+    with pytest.raises(GpushareError) as err:
+        resolve(path, PROFILES)
+    (problem,) = err.value.problems
+    assert problem.file == str(path) and problem.line and problem.fix, problem
+    assert problem.path == "tenants[0].developers[1]", problem
+
+
+def test_a_tenant_in_no_cluster_is_refused(dev_data: dict[str, Any], write_env: Any) -> None:
+    tenant_named(dev_data, "research")["clusters"] = []
+    with pytest.raises(GpushareError, match="puts the tenant in no cluster") as err:
+        resolve(write_env(dev_data), PROFILES)
+    assert err.value.problems[0].path == "tenants[1].clusters" and err.value.problems[0].fix

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.cli.common import EnvOption, JsonOption, fail, finite
+from gpushare.cli.common import EnvOption, JsonOption, TimeoutOption, fail, finite
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.ops.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -34,7 +35,8 @@ def one_source(from_dir: Path | None, kubeconfig: Path | None) -> None:
                             exit_code=2)
 
 
-def read_cluster(from_dir: Path | None, kubeconfig: Path | None, context: str | None) -> ClusterState:
+def read_cluster(from_dir: Path | None, kubeconfig: Path | None, context: str | None,
+                 timeout: float = DEFAULT_TIMEOUT) -> ClusterState:
     """The cluster's state from dumps or live. Whatever cannot be read of it (a dump that is not YAML, an object
     kubectl would not write) is unusable input, exit 2: exit 1 means an environment that does not validate (import)
     or drift (drift)."""
@@ -47,7 +49,7 @@ def read_cluster(from_dir: Path | None, kubeconfig: Path | None, context: str | 
         assert kubeconfig is not None
         from gpushare.ops.brownfield.live import read_live
 
-        return read_live(kubeconfig, context)
+        return read_live(kubeconfig, context, timeout=timeout)
     except GpushareError as err:
         if err.exit_code == 1:
             raise GpushareError(err.problems, exit_code=2) from None
@@ -63,6 +65,7 @@ def import_command(
                                              "one); default: the workspace you are in. Nothing is overwritten.")]
     = None,
     as_json: JsonOption = False,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT,
 ) -> None:
     """Write an environment file, sharing profiles and a Pulumi stack that reproduce a running cluster's GPU sharing
     into a workspace, overwriting nothing; what gpushare cannot express is listed (`unsupported`), never dropped.
@@ -80,7 +83,7 @@ def import_command(
                                         file=str(workspace), fix=f"create one first: gpushare init {workspace}"),
                                 exit_code=2)
         today = date.today()
-        result = import_cluster(read_cluster(from_dir, kubeconfig, context), env, existing_profiles(workspace),
+        result = import_cluster(read_cluster(from_dir, kubeconfig, context, timeout), env, existing_profiles(workspace),
                                 context=context, toolkit_floor=_toolkit_floor(workspace), today=today,
                                 priorities=_priorities(workspace))
         stage = adoption_stage(workspace, env, result.files, today)
@@ -223,6 +226,7 @@ def drift_command(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every pending change under its node, not "
                                           "one line per kind.")] = False,
     as_json: JsonOption = False,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT,
 ) -> None:
     """Per node, Git against the cluster: gpushare's labels, MIG config and state, paused operands, device-plugin
     config against what the node advertises, taints, toolkit version, unknown nodes and missing hosts. Exit 1 on
@@ -234,7 +238,7 @@ def drift_command(
         one_source(from_dir, kubeconfig)
         fleet = resolve_env(env)
         name = pick_cluster(list(fleet.clusters), cluster)
-        state = read_cluster(from_dir, kubeconfig, context)
+        state = read_cluster(from_dir, kubeconfig, context, timeout)
         report = find_drift(fleet, state, name, datetime.now(UTC), timedelta(minutes=stuck_after))
     except GpushareError as err:
         raise fail(err, as_json) from None

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpushare.cli.common import EndOption, EnvOption, PrometheusOption
+from gpushare.cli.common import EndOption, EnvOption, PrometheusOption, TimeoutOption
 from gpushare.core.errors import GpushareError
 from gpushare.core.files import write_with
+from gpushare.ops.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     from gpushare.ops.capacity import Recommendation
@@ -60,6 +61,7 @@ def capacity_command(
     data_dir: Annotated[Path | None, typer.Option(
         "--data-dir", help="With --backfill-rules: the server's data folder (--storage.tsdb.path) to move the "
         "blocks into, so every pass runs in one go.")] = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT,
 ) -> None:
     """Recommend time-slicing replicas, MIG layouts and pool sizes from Prometheus data; write a patch for review."""
     from rich.console import Console
@@ -71,14 +73,14 @@ def capacity_command(
     started = time.perf_counter()
     console = Console(stderr=True, highlight=False)
     if backfill_rules is not None or data_dir is not None:
-        _backfill(env, prometheus, window, end, backfill_rules, data_dir, as_json, console)
+        _backfill(env, prometheus, window, end, backfill_rules, data_dir, as_json, console, timeout)
         return
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                       transient=True, disable=as_json) as progress:
             task = progress.add_task("reading the environment", total=None)
             report = run_capacity(env, prometheus, window, end, source, patch, chart,
-                                  lambda what: progress.update(task, description=what))
+                                  lambda what: progress.update(task, description=what), timeout=timeout)
     except GpushareError as err:
         raise fail(err, as_json) from None
 
@@ -133,7 +135,7 @@ def capacity_command(
 
 
 def _backfill(env: str, prometheus: str, window: str, end: float | None, out: Path | None, data_dir: Path | None,
-              as_json: bool, console: Any) -> None:
+              as_json: bool, console: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from gpushare.cli.common import fail
@@ -150,7 +152,7 @@ def _backfill(env: str, prometheus: str, window: str, end: float | None, out: Pa
                       transient=True, disable=as_json) as progress:
             task = progress.add_task("reading the environment", total=None)
             report = run_backfill(env, prometheus, window, end if end is not None else time.time(), out, data_dir,
-                                  lambda what: progress.update(task, description=what))
+                                  lambda what: progress.update(task, description=what), timeout=timeout)
     except GpushareError as err:
         raise fail(err, as_json) from None
     if as_json:

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.errors import GpushareError, Problem, printable
+from gpushare.ops.timeouts import MAX_TIMEOUT, TIMEOUT_ENV
 
 if TYPE_CHECKING:
     from rich.console import Console, JustifyMethod, RenderableType
@@ -53,6 +54,11 @@ def _option(param: typer.CallbackParam) -> str:
 EndOption = Annotated[float | None, typer.Option("--end", callback=unix_time,
                                                  help="End of the window, Unix seconds (default: now).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+# The one bound on gpushare's requests to a server, the same option (and variable) on every command that reads one.
+TimeoutOption = Annotated[float, typer.Option(
+    "--timeout", min=0.1, max=MAX_TIMEOUT, callback=finite, envvar=TIMEOUT_ENV, show_envvar=True,
+    help="Seconds one request to the server may take, from connecting to the last byte of its answer; a server that "
+         "stays silent or trickles bytes is given up after it.")]
 
 
 def fail(err: GpushareError, as_json: bool) -> typer.Exit:
@@ -68,11 +74,12 @@ def fail(err: GpushareError, as_json: bool) -> typer.Exit:
         count = len(err.problems)
         console.print(f"[bold red]error[/]: {count} problem{'s' if count != 1 else ''}")
         for p in err.problems:
-            # Messages quote user input ([pool] names, YAML paths): never read them as Rich markup.
-            where = f"[bold]{escape(p.where)}[/]: " if p.where else ""
-            console.print(f"  {where}{escape(p.message)}", soft_wrap=True)
+            # Messages quote user input ([pool] names, YAML paths): never read them as Rich markup, and never hand
+            # the terminal a control character from a file name or value (an escape sequence would act, not show).
+            where = f"[bold]{escape(printable(p.where))}[/]: " if p.where else ""
+            console.print(f"  {where}{escape(printable(p.message, keep=chr(10) + chr(9)))}", soft_wrap=True)
             if p.fix:
-                console.print(f"    [green]fix[/]: {escape(p.fix)}", soft_wrap=True)
+                console.print(f"    [green]fix[/]: {escape(printable(p.fix, keep=chr(10) + chr(9)))}", soft_wrap=True)
     return typer.Exit(code=err.exit_code)
 
 

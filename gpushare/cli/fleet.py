@@ -67,15 +67,18 @@ def validate_command(env: EnvOption, profiles: ProfilesOption = None, as_json: J
     from rich.console import Console
     from rich.markup import escape
 
+    from gpushare.core.errors import printable
+
     console = Console(highlight=False)
     t = fleet.totals
+    # The file's path is the user's --env as typed: shown as text, never as markup or a terminal escape.
     console.print(
-        f"[bold green]ok[/]: environment [bold]{fleet.environment}[/] ({fleet.source}) is valid: "
-        f"{len(fleet.pools)} pools, {sum(n.count for n in fleet.nodes)} nodes, {t.physical_gpus} GPUs, "
+        f"[bold green]ok[/]: environment [bold]{escape(fleet.environment)}[/] ({escape(printable(str(fleet.source)))}) "
+        f"is valid: {len(fleet.pools)} pools, {sum(n.count for n in fleet.nodes)} nodes, {t.physical_gpus} GPUs, "
         f"{t.advertised_total} schedulable GPU resources, {len(rendered.files)} files to render"
     )
     for w in warnings:
-        console.print(f"[yellow]warning[/]: {escape(w)}", soft_wrap=True)
+        console.print(f"[yellow]warning[/]: {escape(printable(w, keep=chr(10) + chr(9)))}", soft_wrap=True)
 
 
 def _fmt_resources(resources: dict[str, int]) -> str:
@@ -119,7 +122,9 @@ _DRA_NOT_CARRIED = {
     "exclusive": ["plain nvidia.com/gpu requests are refused by admission (the driver's own DeviceClass serves "
                   "them outside gpushare's quota): pods name the claim template"],
     "time-slicing": ["sharing across pods only through the driver's ConsumableShares (alpha; Kubernetes' "
-                     "DRAConsumableCapacity on the cluster): a claim takes one share, as a replica",
+                     "DRAConsumableCapacity on the cluster): a claim takes one share, as a replica, and Kueue "
+                     "counts the shares it consumes (its alpha KueueDRAIntegrationConsumableCapacity, which gpushare "
+                     "turns on)",
                      "a claim may ask for part of the GPU's memory, which the scheduler counts but nothing enforces; "
                      "the device plugin's replicas are equal slices with no memory accounting at all"],
     "mps": ["refused: MPS shares a GPU across pods only through the device plugin"],
@@ -128,6 +133,19 @@ _DRA_NOT_CARRIED = {
                          "sharing across pods only through ConsumableShares (alpha), one share per claim",
                          "Kueue counts each MIG slice as one device"],
 }
+
+
+def preemption_note(kubernetes_version: str) -> str:
+    """What the cluster's Kubernetes minor does about priority preemption when the GPU a pod needs is a DRA device
+    another pod holds (docs/dra.md; tests/cluster/test_dra_partitionable.py shows it)."""
+    from gpushare.core import kubeversions
+
+    minor = kubeversions.text(kubeversions.minor(kubernetes_version))
+    if kubeversions.preempts_dra_pods(kubernetes_version):
+        return f"priority preemption: Kubernetes {minor}'s scheduler preempts pods for the DRA devices they hold"
+    return (f"priority preemption: Kubernetes {minor}'s scheduler does not evict a lower-priority pod for the DRA "
+            "device it holds (online work waits for it); Kueue still preempts by quota, and the claims of the "
+            "workloads it evicts are freed")
 
 
 def allocation_rows(fleet: ResolvedFleet) -> list[dict[str, str]]:
@@ -156,6 +174,7 @@ def allocation_rows(fleet: ResolvedFleet) -> list[dict[str, str]]:
                            if dra.driver_facts().gates[g].maturity == "alpha")
             if gates:
                 notes.append(f"alpha driver gates: {', '.join(gates)}")
+            notes.append(preemption_note(cluster.kubernetes_version))
             row["not carried over"] = "\n".join(notes) or "-"
         rows[key] = row
     return list(rows.values())
@@ -306,11 +325,14 @@ def schema_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the JSON Schema files.")] = Path("schema"),
 ) -> None:
     """Write the JSON Schemas of environment and profile files (for editors via yaml-language-server)."""
-    from gpushare.core.files import check_output_dir, write_file
+    from gpushare.core.errors import printable
+    from gpushare.core.files import check_output_dir, write_files
     from gpushare.core.schemas import json_schemas
 
     check_output_dir(out, option="--out")
-    for name, content in json_schemas().items():
-        path = out / name
-        write_file(path, json.dumps(content, indent=2, sort_keys=True) + "\n")
-        print(path)
+    # All or none: on a full disk no schema is half-replaced and no folder this command made is left behind.
+    files = {out / name: json.dumps(content, indent=2, sort_keys=True) + "\n"
+             for name, content in json_schemas().items()}
+    write_files(files)
+    for path in files:
+        print(printable(str(path)))

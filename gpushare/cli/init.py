@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 
 from gpushare.cli.common import fail
-from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.errors import GpushareError, Problem, printable
 from gpushare.core.paths import package_data_path
 
 # Files of the skeleton written with values filled in; `gitignore` ships without its dot (package data skips those).
@@ -53,7 +53,8 @@ def init_command(
         if example is not None:
             workspace = _workspace(directory)
             written = write_example(example, workspace)
-            print(f"added example {example} to {workspace}: {', '.join(written)}\n  try: {EXAMPLES[example][1]}")
+            print(printable(f"added example {example} to {workspace}: {', '.join(written)}\n  try: "
+                            f"{EXAMPLES[example][1]}", keep="\n"))
             return
         if directory is None:
             raise GpushareError(Problem("give the directory to create the workspace in", path="DIR",
@@ -65,10 +66,11 @@ def init_command(
     venv = _venv_inside(directory.resolve())
     setup = "" if venv is not None else (
         "  # Pulumi runs the program with the python3 on PATH: activate the virtualenv that has gpushare\n")
-    print(f"created a gpushare workspace in {directory} ({len(written)} files).\n{git_repository(directory)}\nNext:\n"
-          f"  cd {directory}\n{setup}  gpushare validate --env dev\n  gpushare plan --env dev\n"
-          f"  gpushare preview --env dev --out build/dev\n"
-          "In a team and in CI: docs/workspace.md")
+    # The directory as typed: shown as text, never as a terminal escape.
+    print(printable(f"created a gpushare workspace in {directory} ({len(written)} files).\n"
+                    f"{git_repository(directory)}\nNext:\n  cd {directory}\n{setup}  gpushare validate --env dev\n"
+                    "  gpushare plan --env dev\n  gpushare preview --env dev --out build/dev\n"
+                    "In a team and in CI: docs/workspace.md", keep="\n"))
 
 
 # The commit identity where Git has none configured (user.name and user.email, or GIT_AUTHOR_*/GIT_COMMITTER_*):
@@ -127,15 +129,24 @@ def git_repository(directory: Path) -> str:
 
 
 def write_workspace(target: Path) -> list[str]:
-    """Write the skeleton into `target`: built beside it, then renamed into place in one step (into an existing
-    directory holding only a .git or .venv, entry by entry); the files written."""
-    from gpushare.core.files import replace_dir
+    """Write the skeleton into `target`: built beside it, then renamed into place in one step that fails where
+    anything is there by then (into an existing directory holding only a .git or .venv, entry by entry, each
+    rename failing where the entry exists); the files written. Of two inits of one directory at the same time,
+    one writes the workspace and the other stops with exit 2, leaving it as the first wrote it."""
+    from gpushare.core.files import take_dir
 
     _refuse_used(target)
-    if not target.exists():
-        replace_dir(lambda tmp: _fill(tmp, target), target)
-    else:
-        _fill_existing(target)
+    try:
+        if not target.exists():
+            take_dir(lambda tmp: _fill(tmp, target), target)
+        else:
+            _fill_existing(target)
+    except FileExistsError:
+        raise GpushareError(Problem(
+            "another process wrote into the workspace directory while init was building the workspace (two "
+            "`gpushare init` of one directory at once?); it was left as that process wrote it, and nothing of "
+            "this init was kept", file=str(target),
+            fix="use the workspace the other init made, or name another new directory"), exit_code=2) from None
     kept = {target / k for k in _KEPT}
     return sorted(str(p.relative_to(target)) for p in target.rglob("*")
                   if p.is_file() and not any(p.is_relative_to(k) for k in kept))
@@ -161,19 +172,26 @@ def _fill_existing(target: Path) -> None:
     in; if any rename fails, those already moved are taken out again."""
     import tempfile
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.resolve().parent))
+    from gpushare.core.files import Unwritable, rename_noreplace
+
+    tmp: Path | None = None
     moved: list[Path] = []
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.resolve().parent))
         _fill(tmp, target)
+        # Every init moves the same names in the same order: the first rename decides between two at once.
         for entry in sorted(tmp.iterdir()):
-            entry.rename(target / entry.name)
+            rename_noreplace(entry, target / entry.name)
             moved.append(target / entry.name)
-    except BaseException:
+    except BaseException as exc:
         for path in moved:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
+            raise Unwritable(target, exc) from None
         raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _fill(tmp: Path, target: Path) -> None:
@@ -236,7 +254,7 @@ def _workspace(directory: Path | None) -> Path:
 
 def write_example(name: str, workspace: Path) -> list[str]:
     """Copy an example's files into the workspace's examples/; every file or none, and none may exist."""
-    from gpushare.core.files import check_output_file, write_file
+    from gpushare.core.files import check_output_file, write_files
 
     if name not in EXAMPLES:
         raise GpushareError(Problem(f"no example named {name!r}", path="--example",
@@ -249,6 +267,5 @@ def write_example(name: str, workspace: Path) -> list[str]:
                             exit_code=2)
     for rel in files:
         check_output_file(workspace / rel)
-    for rel, text in files.items():
-        write_file(workspace / rel, text)
+    write_files({workspace / rel: text for rel, text in files.items()})  # all or none (a full disk: none)
     return [os.fspath(rel) for rel in files]

@@ -57,7 +57,7 @@ def pack_command(
 
     try:
         if env_out is not None:
-            check_output_file(env_out, [demand], option="--env-out")
+            check_output_file(env_out, _inputs(demand, fleet or env), option="--env-out")
         spec, doc = load_demand(demand)
         if max_changes is not None and fleet is None:
             raise GpushareError(Problem("--max-changes limits a re-plan", fix="add --fleet ENV, or drop --max-changes"),
@@ -88,11 +88,30 @@ def pack_command(
     _print_plan(plan, env_out)
 
 
+def _inputs(demand: Path, env: str | None) -> list[Path]:
+    """Every file pack reads, which --env-out must not replace: the demand file, and with --env or --fleet the
+    environment file, its profiles and the guardrails (policies/guardrails.yaml and policies/guardrails.d/)."""
+    from gpushare.core.errors import GpushareError
+    from gpushare.core.guardrails import FRAGMENTS_DIR, guardrails_path
+    from gpushare.core.paths import default_profiles_dir, environment_path
+
+    inputs = [demand]
+    if env is not None:
+        env_file = environment_path(env)
+        inputs += [env_file, default_profiles_dir(env_file)]
+    try:
+        rails = guardrails_path()
+    except GpushareError:  # outside a workspace: pack reads no guardrails there
+        return inputs
+    return [*inputs, rails, rails.parent / FRAGMENTS_DIR]
+
+
 def _print_plan(plan: PackPlan, env_out: Path | None) -> None:
     from rich.console import Console
     from rich.markup import escape
 
     from gpushare.cli.common import print_records
+    from gpushare.core.errors import printable
 
     console = Console(highlight=False)
     title = f"gpushare pack: {plan.demand.name or 'demand'}" + (
@@ -141,4 +160,4 @@ def _print_plan(plan: PackPlan, env_out: Path | None) -> None:
         console.print(f"[yellow]warning[/]: {escape(warning)}")
     if env_out is not None:
         what = "the reviewed patch" if plan.changes is not None else "pools and profiles"
-        console.print(f"{what} written to {env_out}")
+        console.print(f"{what} written to {escape(printable(str(env_out)))}")

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpushare.cli.common import unix_time
+from gpushare.cli.common import TimeoutOption, unix_time
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import check_output_file, write_file
+from gpushare.ops.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     from gpushare.ops.promote import Promotion
@@ -47,6 +48,7 @@ def promote_command(
     offline_plan: Annotated[bool, typer.Option(
         "--plan/--no-plan", help="Also run the guardrail rules that need the Pulumi program's offline plan.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT,
 ) -> None:
     """Check the promotion gates from Prometheus evidence; when all pass, write the target's change as a patch."""
     import tempfile
@@ -67,7 +69,7 @@ def promote_command(
 
     when = at if at is not None else time.time()
     try:
-        prom = Prometheus(prometheus) if prometheus else None
+        prom = Prometheus(prometheus, timeout=timeout) if prometheus else None
         check_output_file(patch or Path("build") / "promote" / f"{target}.patch", option="--patch")
         guardrails = load_guardrails()
         check_promotion(guardrails, source, target)

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.cli.common import finite
+from gpushare.cli.common import TimeoutOption, finite
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.ops.rollout.batches import DEFAULT_BATCHES
+from gpushare.ops.timeouts import AWX_JOB_TIMEOUT, DEFAULT_TIMEOUT, MAX_AWX_JOB_TIMEOUT
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -63,6 +64,11 @@ def rollout_command(
                                                 "(token in $CONTROLLER_OAUTH_TOKEN).")] = None,
     awx_template: Annotated[list[str] | None, typer.Option("--awx-template", help="With --awx-url: PLAYBOOK=ID, the "
                                                            "job template of rollout.yml and of verify.yml.")] = None,
+    awx_job_timeout: Annotated[float | None, typer.Option(
+        "--awx-job-timeout", min=1, max=MAX_AWX_JOB_TIMEOUT, callback=finite,
+        help=f"With --awx-url: seconds a batch's job may run, from its launch to its end (default "
+             f"{AWX_JOB_TIMEOUT:g}); past it the job is canceled and its hosts fail.")] = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT,
     mitogen: Annotated[bool, typer.Option("--mitogen", help="Converge each batch under Mitogen's mitogen_free "
                                           "strategy (pip install 'gpushare[mitogen]'): less controller CPU per "
                                           "task; not with --awx-url.")] = False,
@@ -89,7 +95,7 @@ def rollout_command(
             raise GpushareError(Problem("file not found", file=str(kubeconfig), path="--kubeconfig",
                                         fix="give the kubeconfig of the environment's clusters"), exit_code=2)
         parse_batches(batches)
-        templates = _awx_templates(awx_url, awx_template or [])
+        templates = _awx_templates(awx_url, awx_template or [], awx_job_timeout)
         strategy_env = _strategy_env(mitogen, awx_url)
         fleet = resolve_env(env)
         journal = Journal(journal_path or state_dir(fleet.environment) / "journal.jsonl")
@@ -121,7 +127,7 @@ def rollout_command(
         return
 
     result = _execute(plan, journal, kubeconfig, pulumi_confirmed, forks, gate_timeout, as_json, awx_url, templates,
-                      strategy_env)
+                      strategy_env, awx_job_timeout if awx_job_timeout is not None else AWX_JOB_TIMEOUT, timeout)
     if as_json:
         print(json.dumps({"ok": result.status == "succeeded", **plan.as_dict(), **result.as_dict()}, indent=2))
     else:
@@ -232,13 +238,17 @@ def _print_plan(plan: RolloutPlan) -> None:
         console.print(f"note: {note}", markup=False)
 
 
-def _awx_templates(url: str | None, values: list[str]) -> dict[str, int]:
+def _awx_templates(url: str | None, values: list[str], job_timeout: float | None = None) -> dict[str, int]:
     from gpushare.ops.rollout.awx import controller_url, parse_templates
 
     if url is None:
         if values:
             raise GpushareError(Problem("--awx-template without --awx-url", path="--awx-template",
                                         fix="give --awx-url, or leave both out to run Ansible here"), exit_code=2)
+        if job_timeout is not None:
+            raise GpushareError(Problem("--awx-job-timeout without --awx-url", path="--awx-job-timeout",
+                                        fix="give --awx-url, or leave --awx-job-timeout out to run Ansible here"),
+                                exit_code=2)
         return {}
     controller_url(url)  # http(s) with a host, nothing a URL cannot carry: refused here, before anything runs
     return parse_templates(values)
@@ -261,7 +271,8 @@ def _strategy_env(mitogen: bool, awx_url: str | None) -> dict[str, str]:
 
 def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulumi_confirmed: bool, forks: int,
              gate_timeout: float, as_json: bool, awx_url: str | None = None,
-             awx_templates: dict[str, int] | None = None, strategy_env: dict[str, str] | None = None) -> Result:
+             awx_templates: dict[str, int] | None = None, strategy_env: dict[str, str] | None = None,
+             awx_job_timeout: float = AWX_JOB_TIMEOUT, timeout: float = DEFAULT_TIMEOUT) -> Result:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -326,7 +337,8 @@ def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulum
         from gpushare.ops.rollout.awx import AwxBackend
 
         # The controller's job templates bring their own inventory, credentials and kubeconfig.
-        ansible = AwxBackend(awx_url, awx_templates or {}, journal.path.parent / "logs")
+        ansible = AwxBackend(awx_url, awx_templates or {}, journal.path.parent / "logs", timeout=awx_job_timeout,
+                             request_timeout=timeout)
     else:
         ansible = adapters.AnsibleBackend(journal.path.parent / "logs", forks=forks, kubeconfig=kubeconfig,
                                           on_task=on_task, strategy_env=strategy_env)

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.cli.common import EndOption, EnvOption, PrometheusOption
+from gpushare.cli.common import EndOption, EnvOption, PrometheusOption, TimeoutOption
 from gpushare.core.errors import GpushareError
 from gpushare.core.files import write_file, write_with
+from gpushare.ops.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     from gpushare.ops.showback import Row, ShowbackReport
@@ -104,6 +105,7 @@ def showback_command(
     csv_file: Annotated[Path | None, typer.Option("--csv", help="Write the rows and idle lines as CSV.")] = None,
     chart: Annotated[Path | None, typer.Option("--chart", help="Write a PNG: GPU-hours per tenant and idle, "
                                                "stacked by GPU model.")] = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT,
 ) -> None:
     """GPU-hours allocated and used, and their cost, per tenant: tenants plus idle equal the physical GPU-hours."""
     from gpushare.cli.common import fail
@@ -111,7 +113,7 @@ def showback_command(
 
     try:
         report = run_showback(env, prometheus, window, end, prices, source, by,
-                              ((csv_file, "--csv"), (chart, "--chart")))
+                              ((csv_file, "--csv"), (chart, "--chart")), timeout=timeout)
     except GpushareError as err:
         raise fail(err, as_json) from None
     rows = grouped(report.rows, by)

@@ -16,12 +16,15 @@ Conventions (shared by the resolver, tenancy, the Pulumi program, admission and 
   admits nothing else. Every object carries `app.kubernetes.io/managed-by: gpushare`.
 - Quota: Kueue's `deviceClassMappings` maps each class to the resource name the device-plugin path advertises for
   the profile (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-3g.40gb`), so one tenant quota counts on
-  both kinds of cluster. Tenant ResourceQuotas add `<class>.deviceclass.resource.k8s.io/devices`, and 0 for the
-  driver's own classes so no claim bypasses gpushare's classes.
+  both kinds of cluster; time-sliced classes by the `shares` a claim consumes (a Kueue capacity source, behind its
+  KueueDRAIntegrationConsumableCapacity gate, which the Kueue values turn on). Tenant ResourceQuotas add
+  `<class>.deviceclass.resource.k8s.io/devices`, and 0 for the driver's own classes so no claim bypasses gpushare's.
 - Time-slicing across pods needs the driver's ConsumableShares gate (alpha, driver v0.5+; Kubernetes'
   DRAConsumableCapacity feature on the cluster): every GPU and MIG device then publishes `shares` = the profiles'
-  replicas, a shared claim takes one, and hardware-isolated claims request all of them. MPS across pods has no DRA
-  form (the driver refuses MPS with consumable shares), so MPS profiles are refused on DRA clusters.
+  replicas, a shared claim takes one, and hardware-isolated claims request all of them. Not on devices whose SM and
+  engine capacities the driver publishes (MIG devices; with DynamicMIG, Hopper-and-newer GPUs): a claim consumes
+  those whole (dra_facts.shares_refusal). MPS across pods has no DRA form (the driver refuses MPS with consumable
+  shares), so MPS profiles are refused on DRA clusters.
 Facts come from `gpushare/data/dra-driver-nvidia-gpu.yaml` (copied from the driver's source; see its header)."""
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from gpushare.core.dra_facts import (
     DYNAMIC_MIG,
     HARDWARE_ISOLATED,
     KUBERNETES_GATES,
+    KUEUE_CAPACITY_GATE,
     KUEUE_MAX_CLASSES_PER_MAPPING,
     KUEUE_MAX_MAPPINGS,
     MANAGED,
@@ -49,6 +53,7 @@ from gpushare.core.dra_facts import (
     FeatureGate,
     alpha_gates,
     class_name,
+    counters_refusal,
     driver_facts,
     driver_version,
     first_release_with,
@@ -56,12 +61,14 @@ from gpushare.core.dra_facts import (
     gates_available,
     is_dra,
     kubernetes_gates_needed,
+    kueue_feature_gates,
     mapping_limit_problems,
     mapping_problems,
     mappings_for_plans,
     plans_for_nodes,
     profile_gates,
     profile_refusals,
+    shares_refusal,
     version_problems,
 )
 from gpushare.core.errors import GpushareError, Problem
@@ -71,14 +78,15 @@ if TYPE_CHECKING:
 
 # The vocabulary lives in dra_facts, below the resolver; callers keep naming it dra.X.
 __all__ = ["CLASS_PREFIX", "DYNAMIC_MIG", "DeviceClassPlan", "DraNode", "DriverFacts", "FeatureGate",
-           "HARDWARE_ISOLATED", "KUBERNETES_GATES", "KUEUE_MAX_CLASSES_PER_MAPPING", "KUEUE_MAX_MAPPINGS", "MANAGED",
-           "MIG_KINDS", "PROFILE_LABEL", "QUALIFIED_NAME_MAX", "QUOTA_SUFFIX", "REQUEST_NAME", "RESOURCE_API",
-           "TIME_SLICED", "allowed_templates", "alpha_gates", "claim_templates", "class_name", "class_plans",
-           "config_problems", "consumable_shares", "device_classes", "dra_quota_resources", "driver_facts",
-           "driver_version", "feature_gates", "first_release_with", "gate_problems", "gates_available", "is_dra",
-           "kubernetes_gates_needed", "kueue_device_class_mappings", "mapping_limit_problems", "mapping_problems",
-           "mappings_for_plans", "opaque_config", "plans_for_nodes", "profile_gates", "profile_refusals",
-           "required_gates", "selector", "version_problems"]
+           "HARDWARE_ISOLATED", "KUBERNETES_GATES", "KUEUE_CAPACITY_GATE", "KUEUE_MAX_CLASSES_PER_MAPPING",
+           "KUEUE_MAX_MAPPINGS", "MANAGED", "MIG_KINDS", "PROFILE_LABEL", "QUALIFIED_NAME_MAX", "QUOTA_SUFFIX",
+           "REQUEST_NAME", "RESOURCE_API", "TIME_SLICED", "allowed_templates", "alpha_gates", "claim_templates",
+           "class_name", "class_plans", "counters_refusal", "config_problems", "consumable_shares", "device_classes",
+           "dra_quota_resources", "driver_facts", "driver_version", "feature_gates", "first_release_with",
+           "gate_problems", "gates_available", "is_dra", "kubernetes_gates_needed", "kueue_device_class_mappings",
+           "kueue_feature_gates", "mapping_limit_problems", "mapping_problems", "mappings_for_plans", "opaque_config",
+           "plans_for_nodes", "profile_gates", "profile_refusals", "required_gates", "selector", "shares_refusal",
+           "version_problems"]
 
 # ---------------------------------------------------------------- the DeviceClasses of a cluster
 
@@ -214,7 +222,8 @@ def claim_templates(fleet: ResolvedFleet, cluster: str, tenant: ResolvedTenant) 
 
 
 def kueue_device_class_mappings(fleet: ResolvedFleet, cluster: str) -> list[dict[str, Any]]:
-    """Kueue Configuration `resources.deviceClassMappings`: each quota resource and the classes counted as it.
+    """Kueue Configuration `resources.deviceClassMappings`: each quota resource and the classes counted as it, time-
+    sliced ones by the shares their claims consume (dra_facts.mappings_for_plans; needs kueue_feature_gates).
     A claim on a class no mapping names is rejected by Kueue, never admitted with zero usage."""
     return mappings_for_plans(class_plans(fleet, cluster))
 

@@ -60,6 +60,8 @@ class DriverFacts:
     intervals: tuple[str, ...]
     config_kinds: dict[str, dict[str, str]]
     config_types: dict[str, dict[str, str]]
+    consumable_capacity: str  # the capacity --consumable-shares publishes on every device
+    dynamic_mig_ampere: frozenset[str]  # MIG-capable models DynamicMIG publishes partitionable only with MIG on
 
 
 def _minor(version: str) -> tuple[int, int]:
@@ -87,6 +89,8 @@ def driver_facts() -> DriverFacts:
         intervals=tuple(config["time_slice_intervals"]),
         config_kinds={k: dict(v["fields"]) for k, v in config["kinds"].items()},
         config_types={k: dict(v) for k, v in config["types"].items()},
+        consumable_capacity=raw["consumable_shares"]["capacity"],
+        dynamic_mig_ampere=frozenset(raw["dynamic_mig_ampere"]),
     )
 
 
@@ -161,8 +165,9 @@ def profile_gates(kind: str, mig_mode: str = "static") -> set[str]:
 
 
 # Kubernetes gates the driver's features rest on: without them the API server drops the fields (capacity,
-# allowMultipleAllocations, shared counters) and claims silently take whole devices. name -> first minor where on.
-KUBERNETES_GATES: dict[str, tuple[int, ...] | None] = {"DRAConsumableCapacity": None,
+# allowMultipleAllocations, shared counters) and claims silently take whole devices. name -> first minor where on
+# by default (both beta from 1.36: gpushare.core.kubeversions).
+KUBERNETES_GATES: dict[str, tuple[int, ...] | None] = {"DRAConsumableCapacity": (1, 36),
                                                        "DRAPartitionableDevices": (1, 36)}
 
 
@@ -174,6 +179,49 @@ def kubernetes_gates_needed(kind: str, mig_mode: str, kubernetes_minor: tuple[in
     if kind in MIG_KINDS and mig_mode == "dynamic":
         needed.add("DRAPartitionableDevices")
     return {g for g in needed if (on_from := KUBERNETES_GATES[g]) is None or kubernetes_minor < on_from}
+
+
+# k8s.io/dynamic-resource-allocation, structured allocator: a device allocated with consumable capacity
+# (allowMultipleAllocations, which the driver's consumable shares set on every device) is recorded as a shared device.
+# Up to 1.35 (v0.35.8 allocator_experimental.go, "Devices that aren't allocated doesn't consume any counters")
+# the counters it consumes are subtracted only for devices in AllocatedDevices, which shared ones are not: the
+# scheduler gives the same memory slices to claim after claim. 1.36 counts them (allocatedstate.go IsDeviceAllocated,
+# AllocatedSharedDeviceIDs). Seen with the real kube-scheduler in tests/cluster/test_dra_partitionable.py.
+SHARED_COUNTERS_COUNTED_FROM = (1, 36)
+
+
+def counters_refusal(kubernetes_minor: tuple[int, ...]) -> tuple[str, str] | None:
+    """(message, fix) for dynamic MIG beside consumable shares on a minor whose scheduler overcommits counters."""
+    if tuple(kubernetes_minor[:2]) >= SHARED_COUNTERS_COUNTED_FROM:
+        return None
+    return ("dynamic MIG beside time-slicing overcommits GPUs on this Kubernetes minor: the time-sliced profiles turn "
+            "the driver's consumable shares on, every device then allows multiple allocations, and before 1.36 "
+            "kube-scheduler subtracts no counters for such a device once it is allocated, so it gives the same MIG "
+            "memory slices (and a whole GPU) to one claim after another, whichever tenants hold them",
+            "upgrade the cluster to Kubernetes 1.36 or later (and set kubernetes_version), or put the time-sliced "
+            "pools on another DRA cluster or a device-plugin cluster")
+
+
+def shares_refusal(model: GpuModel, kind: str, dynamic_mig: bool) -> tuple[str, str] | None:
+    """(message, fix) for a time-sliced profile whose devices the driver publishes with SM and engine capacities:
+    MIG devices always (static: GetDevice; dynamic: PartGetDevice), and with DynamicMIG on in the cluster the full
+    device of a MIG-capable GPU that toggles MIG without a reset (Hopper and newer; dra-driver-nvidia-gpu.yaml
+    `dynamic_mig_ampere`). Consumable shares give those capacities no request policy, so kube-scheduler consumes them
+    whole for the first claim and no second claim shares the device. None where time-slicing across pods works."""
+    if kind not in TIME_SLICED:
+        return None
+    if kind in MIG_KINDS:
+        what = "MIG devices with their SM, engine and memory-slice capacities"
+    elif dynamic_mig and model.mig_capable and model.name not in driver_facts().dynamic_mig_ampere:
+        what = (f"{model.name} GPUs, with DynamicMIG on in the cluster, as partitionable devices with their SM and "
+                "engine capacities")
+    else:
+        return None
+    return (f"time-slicing would share nothing: the DRA driver publishes {what}, and its consumable shares give those "
+            "capacities no request policy, so the scheduler lets the first claim consume them whole and no second "
+            "claim ever shares the device (one pod per device, as exclusive)",
+            "use an exclusive or MIG profile here, or put the time-sliced pool on GPUs without MIG on a DRA cluster "
+            "without dynamic MIG pools, or on a device-plugin cluster")
 
 
 def profile_refusals(kind: str, version: str) -> list[tuple[str, str]]:
@@ -256,11 +304,37 @@ def plans_for_nodes(nodes: Iterable[DraNode]) -> list[DeviceClassPlan]:
             for name, (p, k, i, models, r) in sorted(found.items())]
 
 
+# Kueue 0.19.2 counts a claim by the capacity it consumes (pkg/dra/capacity.go) when its DeviceClass's mapping has a
+# capacity source; that needs this gate (pkg/features/kube_features.go: alpha in 0.19, off by default;
+# pkg/config/validation.go refuses capacity sources without it).
+KUEUE_CAPACITY_GATE = "KueueDRAIntegrationConsumableCapacity"
+
+
 def mappings_for_plans(plans: Iterable[DeviceClassPlan]) -> list[dict[str, Any]]:
-    by_resource: dict[str, list[str]] = {}
+    """Kueue's deviceClassMappings: one per quota resource. A claim on a class counts as one device of its resource
+    (as the device plugin's resources count), except where every class of the resource time-slices: there Kueue
+    counts the `shares` each claim consumes on the driver's devices (one per claim from gpushare's templates, as one
+    replica), read from the devices the claim can get. MIG classes stay device counts: Kueue's counter sources charge
+    a claim a counter's value (SMs, bytes of memory) of the profile on the devices it matches, a unit in which
+    gpushare's per-profile quotas would have to be restated from the driver's exact counter values."""
+    by_resource: dict[str, list[DeviceClassPlan]] = {}
     for plan in plans:
-        by_resource.setdefault(plan.resource, []).append(plan.name)
-    return [{"name": r, "deviceClassNames": sorted(names)} for r, names in sorted(by_resource.items())]
+        by_resource.setdefault(plan.resource, []).append(plan)
+    facts = driver_facts()
+    out = []
+    for resource, group in sorted(by_resource.items()):
+        mapping: dict[str, Any] = {"name": resource, "deviceClassNames": sorted(p.name for p in group)}
+        if all(p.kind in TIME_SLICED for p in group):
+            mapping["sources"] = [{"capacity": {
+                "name": facts.consumable_capacity, "driver": facts.driver_name,
+                "deviceSelector": {"cel": {"expression": f"device.driver == '{facts.driver_name}'"}}}}]
+        out.append(mapping)
+    return out
+
+
+def kueue_feature_gates(mappings: list[dict[str, Any]]) -> dict[str, bool]:
+    """The Kueue feature gates the mappings need beyond Kueue's defaults."""
+    return {KUEUE_CAPACITY_GATE: True} if any("capacity" in s for m in mappings for s in m.get("sources", [])) else {}
 
 
 def mapping_problems(plans: list[DeviceClassPlan]) -> list[tuple[str, str]]:

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+# What a terminal acts on instead of showing: C0 controls (ESC starts an escape sequence that can recolour, move the
+# cursor, set the window title or hide text; CR rewrites the line), DEL, C1 controls (0x9b is a one-byte CSI), and
+# Unicode's bidirectional overrides and isolates, which reorder what is shown ("Trojan Source").
+_UNSHOWABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, keep: str = "") -> str:
+    """`text` with every character a terminal would act on written as an escape (`\\x1b`, `\\u202e`), so a name from
+    user input (a file name, an option's value) prints as what it is; the characters in `keep` (e.g. newline and
+    tab in a message of several lines) stay. Rich markup escaping is another matter: do both."""
+    return _UNSHOWABLE.sub(lambda m: m.group() if m.group() in keep else _escaped(m.group()), text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 @dataclass(frozen=True)

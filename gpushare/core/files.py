@@ -29,11 +29,12 @@ import signal
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.composer import Composer
 
 from gpushare.core.errors import GpushareError, Problem
 
@@ -63,6 +64,11 @@ def read_text(path: Path, what: str = "file", limit: int = MAX_BYTES) -> str:
         raise GpushareError(Problem(f"{what} cannot be read (permission denied)", file=file,
                                     fix="check the file's permissions"), exit_code=2) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise GpushareError(Problem(f"{what} is a symbolic link in a loop: it leads back to itself, directly "
+                                        "or through other links", file=file,
+                                        fix="remove the link, or point it at a real file (ls -l shows where it "
+                                            "leads)"), exit_code=2) from None
         raise GpushareError(Problem(f"{what} cannot be read: {exc.strerror}", file=file, fix="check the path"),
                             exit_code=2) from None
     if not stat.S_ISREG(st.st_mode):
@@ -130,9 +136,10 @@ class AliasBomb(Exception):
         self.line, self.recursive = line, recursive
 
 
-def _check_expansion(root: yaml.Node) -> None:
+def _check_expansion(root: yaml.Node, already: int = 0) -> int:
     """Count the values `root` expands to, each node once (aliases share their anchor's node, so the count is
-    linear in the document even where the expansion is exponential); refuse more than MAX_EXPANDED, or a cycle."""
+    linear in the document even where the expansion is exponential); refuse more than MAX_EXPANDED (with
+    `already` counted before, by earlier parts of the same document), or a cycle. Returns the count."""
     sizes: dict[int, int] = {}
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     open_nodes: set[int] = set()
@@ -155,8 +162,9 @@ def _check_expansion(root: yaml.Node) -> None:
             continue
         open_nodes.discard(key)
         sizes[key] = 1 + sum(sizes[id(c)] for c in children)
-        if sizes[key] > MAX_EXPANDED:
+        if sizes[key] + already > MAX_EXPANDED:
             raise AliasBomb(node.start_mark.line + 1, recursive=False)
+    return sizes[id(root)]
 
 
 class StrictLoader(_Loader):
@@ -218,6 +226,77 @@ StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                              lambda loader, node: loader.construct_mapping(node, deep=True))
 
 
+_BUILT_TAG = "tag:gpushare.io,2026:constructed"
+
+
+class _Built(yaml.ScalarNode):
+    """An item of a streamed list, constructed already: the node keeps only the Python value."""
+
+    def __init__(self, data: Any, start_mark: Any, end_mark: Any) -> None:
+        super().__init__(_BUILT_TAG, "", start_mark, end_mark)
+        self.data = data
+
+
+class _ItemStreamingLoader(Composer, StrictLoader):
+    """StrictLoader for large `kind: List` dumps: each entry of the document's top-level `items` is composed,
+    checked and constructed on its own, and its node tree dropped, before the next is read. A whole-document node
+    tree holds a Python object and two position marks per value (about 20 bytes of memory per byte of dump, 1 GiB
+    for a 50 MB one); one item's tree is a few hundred KB. The result and every error are those of StrictLoader:
+    the events are libyaml's, composed by PyYAML's own Composer, and the alias bound counts every item."""
+
+    def __init__(self, stream: Any) -> None:
+        StrictLoader.__init__(self, stream)  # type: ignore[call-arg]  # libyaml's loader, typed as Any here
+        Composer.__init__(self)
+        self._depth = 0
+        self._expanded = 0  # values the streamed items of this document expand to
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if (self._depth == 1 and isinstance(parent, yaml.MappingNode) and isinstance(index, yaml.ScalarNode)
+                and index.value == "items" and self.check_event(yaml.SequenceStartEvent)
+                and self.peek_event().anchor is None):
+            return self._compose_items()
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def _compose_items(self) -> yaml.SequenceNode:
+        start = self.get_event()
+        tag = start.tag
+        if tag is None or tag == "!":
+            tag = self.resolve(yaml.SequenceNode, None, start.implicit)
+        node = yaml.SequenceNode(tag, [], start.start_mark, None, flow_style=start.flow_style)
+        self._depth += 1
+        try:
+            index = 0
+            while not self.check_event(yaml.SequenceEndEvent):
+                item = self.compose_node(node, index)
+                assert item is not None  # an entry of a sequence is always a node
+                self._expanded += _check_expansion(item, self._expanded)
+                data = self.construct_object(item, deep=True)
+                # Constructed objects are cached by node; dropping the cache drops this item's nodes (an alias to
+                # an anchor in it, which kubectl never writes, is constructed again from the anchor's node).
+                self.constructed_objects.clear()
+                node.value.append(_Built(data, item.start_mark, item.end_mark))
+                index += 1
+        finally:
+            self._depth -= 1
+        node.end_mark = self.get_event().end_mark
+        return node
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_expansion(node, self._expanded)
+        self._expanded = 0
+        return StrictLoader.construct_document(self, node)
+
+    def construct_built(self, node: _Built) -> Any:
+        return node.data
+
+
+_ItemStreamingLoader.add_constructor(_BUILT_TAG, _ItemStreamingLoader.construct_built)
+
+
 def parse_yaml(text: str, file: str) -> Any:
     """One YAML document, or a located error."""
     return _parsed(lambda: yaml.load(text, Loader=StrictLoader), file)  # noqa: S506 - a safe loader subclass
@@ -225,8 +304,10 @@ def parse_yaml(text: str, file: str) -> Any:
 
 def parse_yaml_documents(text: str, file: str) -> list[Any]:
     """Every document of a YAML stream (`---` between them, as concatenated `kubectl get -o yaml` outputs), with
-    the same rules and errors as one document; empty documents are left out."""
-    documents = _parsed(lambda: list(yaml.load_all(text, Loader=StrictLoader)), file)  # noqa: S506 - as above
+    the same rules and errors as one document; empty documents are left out. The top-level `items` of each
+    document are read one by one (_ItemStreamingLoader), so a dump of thousands of nodes never holds the node tree
+    of the whole file."""
+    documents = _parsed(lambda: list(yaml.load_all(text, Loader=_ItemStreamingLoader)), file)  # noqa: S506
     return [d for d in documents if d is not None]
 
 
@@ -351,10 +432,64 @@ def write_file(path: Path, text: str | bytes) -> None:
     write_with(path, lambda tmp: tmp.write_bytes(text if isinstance(text, bytes) else text.encode()))
 
 
-class _Unwritable(GpushareError):
+def os_error(exc: OSError) -> tuple[int | None, str]:
+    """(errno, reason) of an OSError, also of shutil.Error, which copytree raises with a list of (source,
+    target, reason) in place of one errno."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        reason = str(exc.args[0][0][-1])
+        found = re.search(r"\[Errno (\d+)\]", reason)
+        code = int(found.group(1)) if found else None
+        return code, os.strerror(code) if code is not None else reason
+    return exc.errno, exc.strerror or str(exc)
+
+
+class Unwritable(GpushareError):
+    """An output that could not be written (exit 2); on a full disk, one that says so and what to do. Raised after
+    what the command had created is removed again."""
+
     def __init__(self, path: Path, exc: OSError) -> None:
-        super().__init__(Problem(f"cannot write: {exc.strerror or exc}", file=str(path),
-                                 fix="choose a path on a writable file system, e.g. build/"), exit_code=2)
+        code, reason = os_error(exc)
+        if code in (errno.ENOSPC, errno.EDQUOT):
+            problem = Problem(f"cannot write: {reason} (the file system is full); nothing was written and "
+                              "what this command had created is removed", file=str(path),
+                              fix=f"free space on the file system that holds it (df -h {_existing_parent(path)}), "
+                                  "or write the output somewhere else")
+        else:
+            problem = Problem(f"cannot write: {reason}", file=str(path),
+                              fix="choose a path on a writable file system, e.g. build/")
+        super().__init__(problem, exit_code=2)
+
+
+def make_parents(path: Path) -> list[Path]:
+    """Create the missing directories above `path`; those created, outermost first, for remove_made()."""
+    missing: list[Path] = []
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    made: list[Path] = []
+    try:
+        for directory in reversed(missing):
+            try:
+                directory.mkdir()
+            except FileExistsError:
+                if not directory.is_dir():
+                    raise
+                continue  # made by another process meanwhile: not ours to remove
+            made.append(directory)
+    except BaseException:
+        remove_made(made)
+        raise
+    return made
+
+
+def remove_made(made: list[Path]) -> None:
+    """Remove directories make_parents() created, innermost first, where they are empty again."""
+    for directory in reversed(made):
+        try:
+            directory.rmdir()
+        except OSError:
+            pass  # something else was put there meanwhile: it stays
 
 
 def write_with(path: Path, produce: Callable[[Path], object]) -> None:
@@ -362,15 +497,16 @@ def write_with(path: Path, produce: Callable[[Path], object]) -> None:
     try:
         _write_with(path, produce)
     except OSError as exc:
-        raise _Unwritable(path, exc) from None
+        raise Unwritable(path, exc) from None
 
 
 def _write_with(path: Path, produce: Callable[[Path], object]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
+    made = make_parents(path)
+    tmp: Path | None = None
     try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
         produce(tmp)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
@@ -379,8 +515,74 @@ def _write_with(path: Path, produce: Callable[[Path], object]) -> None:
         with held_signals():
             os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        remove_made(made)
         raise
+
+
+def write_files(files: Mapping[Path, str | bytes]) -> None:
+    """Several files, all or none: each is written beside its target first (directories created as needed), then
+    all are renamed into place with signals held. A failure before the renames (a full disk) removes every
+    temporary file and every directory this call created and leaves the targets as they were; a failure between
+    two renames puts the files already replaced back (from hard links of the old ones) and removes new ones."""
+    try:
+        _write_files(files)
+    except OSError as exc:
+        raise Unwritable(_failed_path(exc, files), exc) from None
+
+
+def _failed_path(exc: OSError, files: Mapping[Path, str | bytes]) -> Path:
+    named = getattr(exc, "gpushare_path", None)
+    return named if isinstance(named, Path) else next(iter(files))
+
+
+def _write_files(files: Mapping[Path, str | bytes]) -> None:
+    made: list[Path] = []
+    temps: dict[Path, Path] = {}
+    backups: dict[Path, Path] = {}
+    done: list[Path] = []
+    try:
+        for path, data in files.items():
+            try:
+                made += make_parents(path)
+                fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+                temps[path] = Path(name)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data if isinstance(data, bytes) else data.encode())
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.chmod(name, stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0o644)
+                if path.exists():  # the old file, to put back if a later rename fails
+                    backup = path.with_name(f".{path.name}.gpushare-old")
+                    backup.unlink(missing_ok=True)
+                    try:
+                        os.link(path, backup)
+                        backups[path] = backup
+                    except OSError as exc:
+                        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EMLINK):
+                            raise  # a file system without hard links goes on without the backup
+            except OSError as exc:
+                exc.gpushare_path = path  # type: ignore[attr-defined]
+                raise
+        with held_signals():
+            for path, tmp in temps.items():
+                os.replace(tmp, path)
+                done.append(path)
+    except BaseException:
+        for path in reversed(done):
+            if path in backups:
+                os.replace(backups.pop(path), path)
+            else:
+                path.unlink(missing_ok=True)
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        for backup in backups.values():
+            backup.unlink(missing_ok=True)
+        remove_made(made)
+        raise
+    for backup in backups.values():
+        backup.unlink(missing_ok=True)
 
 
 _RENAME_EXCHANGE = 2
@@ -458,14 +660,15 @@ def replace_dirs(parts: dict[Path, Callable[[Path], None]]) -> None:
     try:
         _replace_dirs(parts)
     except OSError as exc:
-        raise _Unwritable(next(iter(parts)), exc) from None
+        raise Unwritable(next(iter(parts)), exc) from None
 
 
 def _replace_dirs(parts: dict[Path, Callable[[Path], None]]) -> None:
     built: list[tuple[Path, Path]] = []
+    made: list[Path] = []
     try:
         for target, fill in parts.items():
-            target.parent.mkdir(parents=True, exist_ok=True)
+            made += make_parents(target)
             complete_swap(target)
             tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
             built.append((target, tmp))
@@ -478,6 +681,61 @@ def _replace_dirs(parts: dict[Path, Callable[[Path], None]]) -> None:
         for target, tmp in built:
             shutil.rmtree(tmp, ignore_errors=True)
             complete_swap(target)
+        remove_made(made)  # the folders above the targets that this call created, e.g. build/ of build/dev
+        raise
+
+
+_RENAME_NOREPLACE = 1
+
+
+def _renameat2() -> Any:
+    """libc's renameat2, or None where the C library has none."""
+    libc_name = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(libc_name, use_errno=True), "renameat2", None) if libc_name else None
+
+
+def rename_noreplace(source: Path, target: Path) -> None:
+    """Rename `source` to `target` only where `target` does not exist, in one step (Linux renameat2 with
+    RENAME_NOREPLACE); FileExistsError where it does, however near in time another process made it. Where the
+    system cannot, os.rename after a check, which an empty directory made in between would lose to."""
+    renameat2 = _renameat2()
+    if renameat2 is not None:
+        rc = renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE)
+        if rc == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise (FileExistsError if err == errno.EEXIST else OSError)(err, os.strerror(err), str(target))
+    if os.path.lexists(target):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target))
+    try:
+        os.rename(source, target)
+    except OSError as exc:  # a directory onto a non-empty one made in between
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise FileExistsError(exc.errno, exc.strerror, str(target)) from None
+        raise
+
+
+def take_dir(fill: Callable[[Path], None], target: Path) -> None:
+    """Build a new directory beside `target` with `fill`, then rename it to `target` only if nothing is there yet:
+    of two processes making the same directory, one gets it whole and the other FileExistsError, its own tree and
+    the folders above `target` that it created removed. An OSError (a full disk) is Unwritable, after the same
+    cleanup."""
+    made: list[Path] = []
+    tmp: Path | None = None
+    try:
+        made = make_parents(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        fill(tmp)
+        os.chmod(tmp, 0o755)
+        with held_signals():
+            rename_noreplace(tmp, target)
+    except BaseException as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        remove_made(made)
+        if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
+            raise Unwritable(target, exc) from None
         raise
 
 

@@ -124,8 +124,9 @@ class EnvironmentGuardrails(Strict):
         default_factory=list, description="Rule ids that no waiver may cover in this environment.")
 
     quota_above_capacity: Literal["error", "warning"] = Field(
-        "warning", description="Tenants guaranteed more of a GPU resource than their cluster advertises: an error "
-        "(validate, plan and the Pulumi program refuse) or a warning.")
+        "warning", description="Tenants guaranteed more of a GPU resource than their cluster advertises, or a "
+        "tenant whose borrowing limit takes its ResourceQuota above it: an error (validate, plan and the Pulumi "
+        "program refuse) or a warning.")
 
     def allows_profile(self, name: str) -> bool:
         return "*" in self.allowed_profiles or name in self.allowed_profiles

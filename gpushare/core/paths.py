@@ -90,12 +90,25 @@ def outside_workspace(path: Path) -> tuple[Path, Path] | None:
     root = lexical_workspace(path)
     if root is None:
         return None
-    real = path.resolve()
+    real = real_path(path, "file")
     return None if real.is_relative_to(root.resolve()) else (root, real)
+
+
+def real_path(path: Path, what: str) -> Path:
+    """`path` with every symbolic link followed; a located error (exit 2) where the links loop (a link to itself,
+    or two to each other), which Path.resolve reports as a RuntimeError or OSError, not as bad input."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        raise GpushareError(Problem(
+            f"{what} is a symbolic link in a loop: it leads back to itself, directly or through other links",
+            file=str(path),
+            fix="remove the link, or point it at a real file (ls -l shows where it leads)"), exit_code=2) from None
 
 
 def check_inside_workspace(path: Path, what: str) -> None:
     """Refuse a workspace file that is read from outside its workspace (see outside_workspace)."""
+    real_path(path, what)
     found = outside_workspace(path)
     if found is not None:
         root, real = found

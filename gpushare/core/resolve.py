@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpushare.core import dra_facts as dra  # the DRA vocabulary; gpushare.core.dra compiles the resolved fleet
-from gpushare.core import spec
+from gpushare.core import kubeversions, spec
 from gpushare.core.catalog import GpuModel, load_catalog
 from gpushare.core.cloud_pools import CloudPool
 from gpushare.core.cloud_pools import refusals as cloud_refusals
@@ -310,6 +310,9 @@ class _Resolver:
             if c.name in clusters:
                 self.err(("clusters", i, "name"), f"cluster {c.name!r} is defined twice", "rename one")
             clusters[c.name] = c
+            unsupported = kubeversions.support_warning(c.name, c.kubernetes_version)
+            if unsupported and unsupported not in self.warnings:
+                self.warnings.append(unsupported)
 
         pools: list[ResolvedPool] = []
         seen_pools: set[str] = set()
@@ -576,8 +579,13 @@ class _Resolver:
         self.dra_shares_agree(cluster)
         self.dra_kubernetes_gates(cluster, ci)
         extras = cluster.dra_driver.feature_gates
-        if dra.DYNAMIC_MIG in needed or dra.DYNAMIC_MIG in extras:
+        dynamic_mig = dra.DYNAMIC_MIG in needed or dra.DYNAMIC_MIG in extras
+        if dynamic_mig:
             self.dra_no_static_mig(cluster)
+            overcommits = dra.counters_refusal(spec.version_tuple(cluster.kubernetes_version))
+            if overcommits and any(p.kind in dra.TIME_SLICED for _, _, p in self.cluster_profiles(cluster)):
+                self.err((*cloc, "kubernetes_version"), f"cluster {cluster.name!r}: {overcommits[0]}", overcommits[1])
+        self.dra_shares_on_whole_devices(cluster, nodes, dynamic_mig)
         for gate, message, fix in dra.gate_problems(version, [*needed, *extras]):
             where = ((*cloc, "dra", "feature_gates", extras.index(gate)) if gate in extras
                      else needed.get(gate, (*cloc, "dra", "version")))
@@ -619,6 +627,19 @@ class _Resolver:
                 if profile is not None:
                     out.append((pi, name, profile))
         return out
+
+    def dra_shares_on_whole_devices(self, cluster: spec.Cluster, nodes: list[ResolvedNode], dynamic_mig: bool) -> None:
+        """Time-sliced profiles on devices the driver publishes with capacities a claim consumes whole."""
+        seen: set[tuple[str, str]] = set()
+        for node in nodes:
+            refusal = dra.shares_refusal(node.gpu_model, node.sharing, dynamic_mig)
+            if refusal is None or (node.pool, node.profile) in seen:
+                continue
+            seen.add((node.pool, node.profile))
+            pi = next(i for i, p in enumerate(self.env.pools) if p.name == node.pool and p.cluster == cluster.name)
+            message, fix = refusal
+            self.err(self.profile_site(pi, node.profile), f"pool {node.pool!r}, profile {node.profile!r} in DRA "
+                     f"cluster {cluster.name!r}: {message}", fix)
 
     def dra_no_static_mig(self, cluster: spec.Cluster) -> None:
         """With DynamicMIG the driver destroys, on every node of the cluster, MIG devices it did not create."""
@@ -802,11 +823,13 @@ def device_plugin_content(profile: Any, cluster: spec.Cluster, layout: dict[str,
 def load_profiles(directory: Path, env: spec.Environment, doc: spec.Located) -> dict[str, tuple[Any, spec.Located]]:
     found: dict[str, tuple[Any, spec.Located]] = {}
     problems: list[Problem] = []
+    exit_code = 1
     for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
         try:
             profile, pdoc = spec.load_profile_file(path)
         except GpushareError as exc:
             problems.extend(exc.problems)
+            exit_code = max(exit_code, exc.exit_code)  # a file that cannot be read at all stays unusable input
             continue
         found[profile.name] = (profile, pdoc)
     for i, profile in enumerate(env.profiles):
@@ -816,7 +839,7 @@ def load_profiles(directory: Path, env: spec.Environment, doc: spec.Located) -> 
                                         "rename the environment's own profile"))
         found[profile.name] = (profile, doc.at("profiles", i))
     if problems:
-        raise GpushareError(problems)
+        raise GpushareError(problems, exit_code=exit_code)
     _check_profile_models(found)
     return found
 

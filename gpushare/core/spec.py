@@ -148,6 +148,33 @@ ResourceName = Annotated[str, TextRule(
     max_length=HOSTNAME_MAX_LENGTH + 64)]
 
 
+# A user or group as Kubernetes' authenticators name it (an OIDC claim with its prefix, a certificate's CN or O, a
+# directory group's name or id, an email address): printable, no quotes, braces, '$' or backticks.
+SUBJECT_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9._@:/+=, ]*[A-Za-z0-9])?$"
+USER_PREFIX = "user:"
+# Kubernetes' own identities and the groups it puts identities in (every signed-in user, every ServiceAccount, every
+# kubelet, system:masters): none is a tenant's people.
+SYSTEM_SUBJECT_PREFIX = "system:"
+
+
+def _subject(value: str) -> str:
+    name = value.removeprefix(USER_PREFIX)
+    if not name:
+        raise _refused(value, "names no user", f"write {USER_PREFIX}<name>, e.g. {USER_PREFIX}alice@example.com")
+    if name.startswith(SYSTEM_SUBJECT_PREFIX):
+        raise _refused(value, "is one of Kubernetes' own identities or groups (system:...), which hold every "
+                       "signed-in user, ServiceAccount or node, or the cluster's own components",
+                       "name the group (or user:<name>) your identity provider gives the tenant's people; a CI "
+                       "ServiceAccount gets a RoleBinding of the tenant's own to gpushare-tenant-developer")
+    return value
+
+
+Subject = Annotated[str, TextRule(
+    SUBJECT_PATTERN, "a Kubernetes group or user name", "write the group as your authenticator names it (e.g. "
+    "oidc:ml-team), or user:<name> for one user: letters, digits, spaces and . _ @ : / + = , - (no quotes, braces, "
+    "'$' or backticks)", max_length=HOSTNAME_MAX_LENGTH), AfterValidator(_subject)]
+
+
 def _description(value: str) -> str:
     for marker in TEMPLATE_OR_SHELL_MARKERS:
         if marker in value:
@@ -533,6 +560,22 @@ class Tenant(Strict):
         None, description="The namespace's existing ResourceQuota gpushare takes over in place (its GPU limits; "
         "other limits in it stay the cluster's), instead of adding gpushare-gpu-quota beside it. `gpushare import` "
         "sets it where the namespace has one GPU quota.")
+    developers: list[Subject] = Field(
+        default_factory=list, description="Groups (or user:NAME) that run the tenant's work: bound in its "
+        "namespace to gpushare-tenant-developer (workloads with its queue label, reading its LocalQueue, quota and "
+        "Workloads; docs/tenancy.md). Absent: no binding, the site grants its own.")
+    admins: list[Subject] = Field(
+        default_factory=list, description="Groups (or user:NAME) that run the tenant's namespace: bound to "
+        "gpushare-tenant-admin (the developers' rights, and Roles, RoleBindings, ServiceAccounts and "
+        "NetworkPolicies of the namespace; never more than gpushare-tenant-admin holds).")
+
+    @field_validator("clusters")
+    @classmethod
+    def _in_some_cluster(cls, clusters: list[str] | None) -> list[str] | None:
+        if clusters is not None and not clusters:
+            raise invalid("an empty list puts the tenant in no cluster: its quota would reach no queue",
+                          "name the clusters the tenant uses, or remove clusters (all clusters)")
+        return clusters
 
     @field_validator("namespace")
     @classmethod

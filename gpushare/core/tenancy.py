@@ -1,5 +1,6 @@
 """Tenancy and queueing from the resolved fleet: per cluster, the tenant namespaces with their GPU quotas and
-host defaults, priority classes, and Kueue flavors, cluster queues in one cohort, and local queues.
+host defaults, priority classes, and Kueue flavors, cluster queues in one cohort, and local queues; the tenant roles
+(gpushare-tenant-developer, gpushare-tenant-admin) and, where a tenant names its people, their RoleBindings.
 
 One source of numbers: a tenant's quota in the environment file is its Kueue nominalQuota; its namespace
 ResourceQuota is nominal plus the borrowing limit, so workloads Kueue admits on borrowed quota are not then
@@ -19,6 +20,7 @@ from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.namespaces import PRIORITY_CLASSES, tenant_namespace_labels
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool, ResolvedTenant
+from gpushare.core.spec import USER_PREFIX, Tenant, format_path, read_yaml
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 COHORT = "gpushare"
@@ -29,6 +31,80 @@ QUOTA_NAME = "gpushare-gpu-quota"
 LIMIT_RANGE_NAME = "gpushare-host-defaults"
 MANAGED = {"app.kubernetes.io/managed-by": "gpushare"}
 _ISOLATION_ORDER = {"hardware": 0, "memory-partitioned": 1, "none": 2, "mixed": 3}
+
+# ---------------------------------------------------------------- tenant RBAC
+# The roles gpushare expects tenants to hold in their namespace, bound by RoleBinding to the groups and users the
+# tenant names (developers, admins). They grant what a tenant's everyday work needs and never a verb that reaches
+# past it: no Kueue Workloads or LocalQueues to write, no ResourceQuota or LimitRange edits, no pods/binding,
+# pods/status or pods/ephemeralcontainers, no impersonation, no ServiceAccount tokens, no DaemonSets or
+# PodDisruptionBudgets (docs/tenancy.md, "Tenant RBAC", says what each left-out grant would open). Bound in a
+# namespace, a ClusterRole grants nothing cluster-scoped (nodes, webhooks, admission policies and their bindings,
+# ClusterQueues), and the API server lets an admin bind or create only roles whose rights the admin holds.
+RBAC_API = "rbac.authorization.k8s.io"
+DEVELOPER_ROLE = "gpushare-tenant-developer"
+ADMIN_ROLE = "gpushare-tenant-admin"
+DEVELOPER_BINDING = "gpushare-developers"
+ADMIN_BINDING = "gpushare-admins"
+_READ = ["get", "list", "watch"]
+_WRITE = [*_READ, "create", "update", "patch", "delete", "deletecollection"]
+DEVELOPER_RULES: list[dict[str, Any]] = [
+    # workloads: pods, the controllers whose pods Kueue queues, and what they mount or expose
+    {"apiGroups": [""], "resources": ["pods", "configmaps", "secrets", "services", "persistentvolumeclaims"],
+     "verbs": _WRITE},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": _READ},
+    {"apiGroups": [""], "resources": ["pods/exec", "pods/attach", "pods/portforward"], "verbs": ["get", "create"]},
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    {"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale", "statefulsets", "statefulsets/scale",
+                                          "replicasets", "replicasets/scale"], "verbs": _WRITE},
+    {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": _WRITE},
+    {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": _WRITE},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["ingresses"], "verbs": _WRITE},
+    # what the namespace holds and why work waits: read only
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["events", "endpoints", "serviceaccounts", "resourcequotas", "limitranges"],
+     "verbs": _READ},
+    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": _READ},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": _READ},
+    {"apiGroups": ["apps"], "resources": ["controllerrevisions", "daemonsets"], "verbs": _READ},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _READ},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues", "workloads"], "verbs": _READ},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"], "verbs": _READ},
+]
+ADMIN_RULES: list[dict[str, Any]] = [
+    *DEVELOPER_RULES,
+    # who may do what in the namespace (never more than this role: the API server refuses the rest), the namespace's
+    # own identities and its network
+    {"apiGroups": [RBAC_API], "resources": ["roles", "rolebindings"], "verbs": _WRITE},
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": _WRITE},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _WRITE},
+    {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
+]
+
+
+def rbac_subject(name: str) -> dict[str, str]:
+    """A RoleBinding subject from the environment file's spelling: user:<name> a user, anything else a group."""
+    if name.startswith(USER_PREFIX):
+        return {"apiGroup": RBAC_API, "kind": "User", "name": name.removeprefix(USER_PREFIX)}
+    return {"apiGroup": RBAC_API, "kind": "Group", "name": name}
+
+
+def tenant_roles() -> list[dict[str, Any]]:
+    """The two ClusterRoles every cluster gets; tenants' RoleBindings grant them in one namespace each."""
+    return [{"apiVersion": f"{RBAC_API}/v1", "kind": "ClusterRole", "metadata": {"name": name, "labels": MANAGED},
+             "rules": rules} for name, rules in ((DEVELOPER_ROLE, DEVELOPER_RULES), (ADMIN_ROLE, ADMIN_RULES))]
+
+
+def tenant_role_bindings(tenant: Tenant) -> list[dict[str, Any]]:
+    """The tenant's RoleBindings in its namespace: one per role it names people for."""
+    out = []
+    for name, role, subjects in ((DEVELOPER_BINDING, DEVELOPER_ROLE, tenant.developers),
+                                 (ADMIN_BINDING, ADMIN_ROLE, tenant.admins)):
+        if subjects:
+            out.append({"apiVersion": f"{RBAC_API}/v1", "kind": "RoleBinding",
+                        "metadata": {"name": name, "namespace": tenant.namespace, "labels": MANAGED},
+                        "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": role},
+                        "subjects": [rbac_subject(s) for s in subjects]})
+    return out
 
 
 @dataclass
@@ -230,6 +306,7 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
         objects.append({"apiVersion": KUEUE_API, "kind": "ResourceFlavor",
                         "metadata": {"name": f.name, "labels": MANAGED}, "spec": spec})
 
+    objects.extend(tenant_roles())
     groups = _groups(flavors)
     placement = _place_quota(flavors, shares)
     for share in shares:
@@ -260,6 +337,7 @@ def cluster_tenancy(fleet: ResolvedFleet, cluster: str, guardrails: Guardrails) 
         objects.append({"apiVersion": KUEUE_API, "kind": "LocalQueue",
                         "metadata": {"name": LOCAL_QUEUE, "namespace": t.namespace, "labels": MANAGED},
                         "spec": {"clusterQueue": f"tenant-{t.name}"}})
+        objects.extend(tenant_role_bindings(next(x for x in fleet.env.tenants if x.name == t.name)))
 
     spare = placement.get(SPARE, {})
     if any(q for q, _ in spare.values()):
@@ -294,21 +372,38 @@ def _quota_limits(fleet: ResolvedFleet, tenant: ResolvedTenant, share: TenantSha
 
 def _over_capacity(fleet: ResolvedFleet, cluster: str, flavors: list[Flavor], shares: list[TenantShare]
                    ) -> list[Problem]:
-    """Tenants guaranteed more of a resource than the cluster advertises, located at the first such quota."""
+    """Tenants guaranteed more of a resource than the cluster advertises, located at the first such quota; and a
+    tenant whose ResourceQuota (guaranteed plus borrowing limit) is above it, located at its borrowing limit: a
+    borrowing limit of 400 GPUs in a cluster of 8 is a typo or a wish, never a number Kueue can give."""
     capacity = {r: sum(f.resources.get(r, 0) for f in flavors) for r in {r for f in flavors for r in f.resources}}
-    problems: list[Problem] = []
+    index = {t.name: i for i, t in enumerate(fleet.env.tenants)}
+    found: list[tuple[tuple[Any, ...], str, str]] = []  # (where in the file, message, fix)
     for r, total in sorted(capacity.items()):
         guaranteed = sum(s.nominal.get(r, 0) for s in shares)
         if guaranteed <= total:
             continue
         who = ", ".join(f"{s.tenant.name} {s.nominal[r]}" for s in shares if s.nominal.get(r))
         first = next(s.tenant.name for s in shares if s.nominal.get(r))
-        index = next(i for i, t in enumerate(fleet.env.tenants) if t.name == first)
-        problems.append(Problem(
-            f"cluster {cluster}: tenants are guaranteed {guaranteed} {r} ({who}) but the pools advertise {total}",
-            file=str(fleet.source), path=f"tenants[{index}].quota.{r}",
-            fix=f"lower the tenants' quota of {r} to {total} in all, or add GPUs to the cluster"))
-    return problems
+        found.append((("tenants", index[first], "quota", r),
+                      f"cluster {cluster}: tenants are guaranteed {guaranteed} {r} ({who}) but the pools advertise "
+                      f"{total}", f"lower the tenants' quota of {r} to {total} in all, or add GPUs to the cluster"))
+    for s in shares:
+        for r, borrow in sorted(s.borrowable.items()):
+            total, nominal = capacity.get(r, 0), s.nominal.get(r, 0)
+            if borrow and nominal <= total < nominal + borrow:  # a guarantee above it is reported above
+                found.append((("tenants", index[s.tenant.name], "borrowing_limit", r),
+                              f"cluster {cluster}: tenant {s.tenant.name} may borrow {borrow} {r} beside its "
+                              f"{nominal} guaranteed (its ResourceQuota allows {nominal + borrow}) but the pools "
+                              f"advertise {total}",
+                              f"lower the borrowing limit of {r} to at most {max(total - nominal, 0)} (what the "
+                              "pools advertise beyond its guarantee), or add GPUs to the cluster"))
+    if not found:
+        return []
+    try:  # read again only to give each problem its line; a file gone since (a temporary copy) gives none
+        doc = read_yaml(fleet.source, "environment file")
+    except GpushareError:
+        return [Problem(message, file=str(fleet.source), path=format_path(loc), fix=fix) for loc, message, fix in found]
+    return [doc.problem(loc, message, fix) for loc, message, fix in found]
 
 
 def fleet_tenancy(fleet: ResolvedFleet, guardrails: Guardrails, refuse: bool = True) -> dict[str, ClusterTenancy]:
@@ -319,7 +414,7 @@ def fleet_tenancy(fleet: ResolvedFleet, guardrails: Guardrails, refuse: bool = T
     if refuse and limits is not None and limits.quota_above_capacity == "error":
         problems = [p for ct in result.values() for p in ct.over_capacity]
         if problems:
-            raise GpushareError([Problem(p.message, file=p.file, path=p.path,
+            raise GpushareError([Problem(p.message, file=p.file, path=p.path, line=p.line,
                                          fix=f"{p.fix} ({fleet.environment} refuses more: quota_above_capacity in "
                                              "policies/guardrails.yaml)") for p in problems])
     return result

@@ -25,10 +25,10 @@ from typing import Any
 import yaml
 
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.files import check_output_dir
+from gpushare.core.files import Unwritable, check_output_dir, make_parents, remove_made
 from gpushare.core.guardrails import Guardrails, duration_seconds, load_guardrails
 from gpushare.core.resolve import ResolvedFleet, resolve_env
-from gpushare.ops.prometheus import Prometheus, read_steps, window_steps
+from gpushare.ops.prometheus import QUERY_SECONDS, Prometheus, read_steps, window_steps
 from gpushare.render.monitoring import prometheus_rule_groups
 from gpushare.render.monitoring.promql import metric_names
 
@@ -127,8 +127,27 @@ def _check_data_dir(data_dir: Path) -> None:
 
 def _evaluate(rules: list[dict[str, Any]], level: int, interval: str, url: str, start: int, end: int,
               folder: Path) -> list[Path]:
-    """One pass of promtool over the level's rules; returns the blocks it wrote."""
-    folder.mkdir(parents=True)
+    """One pass of promtool over the level's rules; returns the blocks it wrote. A pass that fails (promtool's
+    error, a full disk) leaves nothing: its folder, and the folders above it this pass created (--backfill-rules
+    itself on the first pass), are removed again."""
+    made = make_parents(folder)  # the --backfill-rules folder and any above it that were missing
+    try:
+        folder.mkdir()
+    except OSError as exc:
+        remove_made(made)
+        raise Unwritable(folder, exc) from None
+    try:
+        return _promtool_pass(rules, level, interval, url, start, end, folder)
+    except BaseException as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        remove_made(made)
+        if isinstance(exc, OSError):
+            raise Unwritable(folder / "rules.yaml", exc) from None
+        raise
+
+
+def _promtool_pass(rules: list[dict[str, Any]], level: int, interval: str, url: str, start: int, end: int,
+                   folder: Path) -> list[Path]:
     rule_file = folder / "rules.yaml"
     rule_file.write_text(yaml.safe_dump({"groups": [{"name": f"gpushare-level-{level}", "interval": interval,
                                                      "rules": rules}]}, sort_keys=False))
@@ -142,8 +161,15 @@ def _evaluate(rules: list[dict[str, Any]], level: int, interval: str, url: str, 
         raise GpushareError(Problem(f"promtool did not finish pass {level + 1} within {PROMTOOL_TIMEOUT} s",
                                     fix="backfill a shorter --window at a time"), exit_code=2) from None
     if result.returncode != 0:
-        raise GpushareError(Problem(f"promtool failed on pass {level + 1}: {(result.stderr or result.stdout)[-600:]}",
-                                    file=str(rule_file),
+        said = (result.stderr or result.stdout)[-600:]
+        if "no space left on device" in said.lower():
+            raise GpushareError(Problem(
+                f"promtool ran out of disk space writing pass {level + 1}'s blocks (the file system is full); the "
+                f"pass's folder is removed: {said.strip()[-300:]}", file=str(folder),
+                fix=f"free space on the file system of --backfill-rules (df -h {folder.parent}), or name a folder "
+                    "on another one"), exit_code=2)
+        raise GpushareError(Problem(f"promtool failed on pass {level + 1} (its folder is removed, so the same "
+                                    f"command runs the pass again): {said}", file=str(folder),
                                     fix="check --prometheus, and that promtool's version matches the server's"),
                             exit_code=2)
     return sorted(p for p in blocks.iterdir() if p.is_dir()) if blocks.is_dir() else []
@@ -159,7 +185,8 @@ def _move(blocks: list[Path], data_dir: Path) -> None:
 
 
 def run_backfill(env: str, prometheus: str, window: str, end: float, out: Path, data_dir: Path | None = None,
-                 progress: Callable[[str], None] = lambda what: None) -> BackfillReport:
+                 progress: Callable[[str], None] = lambda what: None,
+                 timeout: float = QUERY_SECONDS) -> BackfillReport:
     """Every pass whose inputs are in the server, in dependency order; stops at the first that must wait."""
     fleet = resolve_env(env)
     check_output_dir(out, [fleet.source], option="--backfill-rules")
@@ -167,7 +194,7 @@ def run_backfill(env: str, prometheus: str, window: str, end: float, out: Path, 
     groups = backfill_groups(fleet, guardrails)
     interval = str(groups[0]["interval"])
     step = guardrails.capacity.step
-    prom = Prometheus(prometheus)
+    prom = Prometheus(prometheus, timeout=timeout)
     if data_dir is not None:
         _check_data_dir(data_dir)
     start = int(end - duration_seconds(window)) // 60 * 60

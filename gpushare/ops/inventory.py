@@ -10,12 +10,16 @@ own renderers, and Ansible receives all of it as untrusted data that it never te
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpushare.core.guardrails import load_guardrails
+from gpushare.core.paths import lexical_workspace
 from gpushare.core.resolve import ResolvedFleet, ResolvedNode, resolve
 from gpushare.render.fleet import containerd_runtime, mig_parted_configs, render_fleet
 from gpushare.render.templating import environment
@@ -125,7 +129,24 @@ def build_inventory(fleet: ResolvedFleet) -> Inventory:
 
 
 def inventory_from_file(path: Path) -> Inventory:
-    return build_inventory(resolve(path))
+    """The inventory of an environment file, read with the profiles and guardrails of the workspace the file lies in
+    (found from its path as written, links not followed): `ansible-inventory -i /srv/fleet/environments/dev.yaml`
+    works from any directory, as Ansible runs it (AWX, cron, another checkout). GPUSHARE_ROOT still names the
+    workspace where set; a file in no workspace falls back to the working directory's."""
+    root = None if os.environ.get("GPUSHARE_ROOT") else lexical_workspace(path)
+    if root is None:
+        return build_inventory(resolve(path))
+    with _workspace_root(root):
+        return build_inventory(resolve(path))
+
+
+@contextmanager
+def _workspace_root(root: Path) -> Iterator[None]:
+    os.environ["GPUSHARE_ROOT"] = str(root)
+    try:
+        yield
+    finally:
+        del os.environ["GPUSHARE_ROOT"]
 
 
 def is_environment_file(path: Path) -> bool:

@@ -4,9 +4,11 @@ read in chunks the server accepts. Used by capacity, promote, showback and backf
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import re
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -18,14 +20,16 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, TypeA
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import duration_seconds
+from gpushare.ops.http import Aborted, Client, Refused, TimedOut, TooLarge
+from gpushare.ops.timeouts import DEFAULT_TIMEOUT, TIMEOUT_FIX
 
 # One answer's bound: a day of 30 s steps over 5,000 GPUs is about 20 MB of JSON; a larger answer is split like
 # one Prometheus refused at its sample limit (read_steps halves it), so memory stays near this per reader.
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
-# One query's bound, connection to last byte: above Prometheus's own default --query.timeout (2 min), past which the
-# server answers with an error; silence or a trickle beyond it is not a server limit but a server that does not
-# work.
-QUERY_SECONDS = 150.0
+# One query's bound, connection to last byte: --timeout (or $GPUSHARE_TIMEOUT), the bound every command that reads a
+# server takes. Queries of gpushare's recording rules and day-long chunks answer in seconds; silence or a trickle
+# beyond the bound is not a slow query but a server that does not work (a slow one: raise --timeout).
+QUERY_SECONDS = DEFAULT_TIMEOUT
 # Every query of one command together (capacity's halving retries included).
 TOTAL_SECONDS = 900.0
 # Every series gpushare reads counts or measures something (GPUs, GPU-hours, ratios, seconds, bytes, errors): none
@@ -152,6 +156,7 @@ class Prometheus:
         self.deadline = time.monotonic() + total  # for every query of this client together
         self.total = total
         self.timings: list[QueryTiming] = []
+        self._client = Client()
 
     def query(self, name: str, expr: str, at: float) -> list[dict[str, Any]]:
         """One value per series at `at` (an instant vector)."""
@@ -175,8 +180,8 @@ class Prometheus:
         started = time.perf_counter()
         try:
             raw = self._read(request, name)
-        except urllib.error.HTTPError as exc:
-            detail = exc.read(4096).decode(errors="replace")
+        except Refused as exc:
+            detail = exc.body[:4096].decode(errors="replace")
             try:
                 detail = json.loads(detail).get("error", detail)
             except (ValueError, AttributeError):
@@ -189,10 +194,10 @@ class Prometheus:
                 f"Prometheus at {self.url} refused the {name} query: HTTP {exc.code}: {detail[:300]}",
                 fix="check that --prometheus is the Prometheus server's base URL (no /graph or /api path)"),
                 exit_code=2) from None
-        except (urllib.error.URLError, OSError) as exc:
+        except TimedOut as exc:
+            raise self._timed_out(name, started, exc.received) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
-                raise self._timed_out(name, started, 0) from None
             raise GpushareError(Problem(f"cannot reach Prometheus at {self.url}: {reason}",
                                         fix="check --prometheus (scheme, host, port) and that the server is up"),
                                 exit_code=2) from None
@@ -228,35 +233,22 @@ class Prometheus:
         result: list[dict[str, Any]] = data["result"]
         return result
 
+    def abort(self) -> None:
+        """Ctrl-C: every query in flight (in any thread) ends now, and none starts after."""
+        self._client.abort()
+
     def _read(self, request: urllib.request.Request, name: str) -> bytes:
-        """The whole answer, within this query's and this client's time bounds and MAX_ANSWER_BYTES. The socket's
-        timeout bounds each wait; it is lowered before every read, so a server that trickles bytes cannot stretch
-        the query past its bound."""
-        started = time.perf_counter()
+        """The whole answer, within this query's and this client's time bounds and MAX_ANSWER_BYTES: from the
+        connection to the last byte (gpushare/ops/http.py), so neither silence nor a trickle of bytes holds it."""
         deadline = min(time.monotonic() + self.timeout, self.deadline)
         if deadline <= time.monotonic():
             raise self._over_total(name)
-        with urllib.request.urlopen(request, timeout=deadline - time.monotonic()) as response:  # noqa: S310
-            # The socket under http.client's reader, to lower its timeout as the deadline nears.
-            sock = getattr(getattr(response.fp, "raw", None), "_sock", None)
-            parts: list[bytes] = []
-            size = 0
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._timed_out(name, started, size)
-                if sock is not None:
-                    sock.settimeout(left)
-                try:
-                    part = response.read1(1 << 20)
-                except TimeoutError:
-                    raise self._timed_out(name, started, size) from None
-                if not part:
-                    return b"".join(parts)
-                size += len(part)
-                if size > MAX_ANSWER_BYTES:
-                    raise AnswerTooLarge(name, f"more than {MAX_ANSWER_BYTES} bytes from {self.url}")
-                parts.append(part)
+        try:
+            return self._client.fetch(request, deadline, MAX_ANSWER_BYTES)
+        except TooLarge:
+            raise AnswerTooLarge(name, f"more than {MAX_ANSWER_BYTES} bytes from {self.url}") from None
+        except Aborted:
+            raise KeyboardInterrupt from None
 
     def _timed_out(self, name: str, started: float, size: int) -> GpushareError:
         if time.monotonic() >= self.deadline:
@@ -265,9 +257,9 @@ class Prometheus:
         got = f"sent {size} bytes of its answer" if size else "sent no answer"
         return GpushareError(Problem(
             f"Prometheus at {self.url} {got} to the {name} query within {waited:.0f} s, gpushare's bound on one "
-            f"query ({self.timeout:.0f} s; the server's own --query.timeout would have answered with an error)",
+            f"query (--timeout {self.timeout:g} s, from the connection to the answer's last byte)",
             fix="check that the server is up and not overloaded (its /-/ready page) and that nothing between "
-                "(a proxy, a port-forward) holds the connection open"), exit_code=2)
+                f"(a proxy, a port-forward) holds the connection open; {TIMEOUT_FIX}"), exit_code=2)
 
     def _over_total(self, name: str) -> GpushareError:
         return GpushareError(Problem(
@@ -391,9 +383,12 @@ def finite_times(prom: Prometheus, name: str, expr: str, start: float, end: floa
 
 def read_steps(prom: Prometheus, name: str, expr: str, steps: tuple[int, int, int]) -> Series:
     """`expr` at every step from first to last, as range queries of at most CHUNK_SECONDS each, READERS at a time;
-    a chunk Prometheus refuses at a limit is halved and retried, down to a single step."""
-    from concurrent.futures import ThreadPoolExecutor
+    a chunk Prometheus refuses at a limit is halved and retried, down to a single step.
 
+    The readers are threads of their own. A failed chunk stops the others from starting more (those in flight end
+    within their bound) and is raised. Ctrl-C ends every read in flight at once (their connections are shut down,
+    Prometheus.abort) and is raised without waiting for them: a pool that joined its threads would hold the
+    command until each blocked read ran into its timeout."""
     first, last, step_ms = steps
     per_chunk = max(1, CHUNK_SECONDS * 1000 // step_ms)
     chunks = [(s, min(last, s + (per_chunk - 1) * step_ms)) for s in range(first, last + 1, per_chunk * step_ms)]
@@ -408,10 +403,46 @@ def read_steps(prom: Prometheus, name: str, expr: str, steps: tuple[int, int, in
             middle = start + (end - start) // step_ms // 2 * step_ms
             return read((start, middle)) + read((middle + step_ms, end))
 
+    answers: list[list[dict[str, Any]]] = [[] for _ in chunks]
+    failures: list[BaseException] = []
+    pending = iter(range(len(chunks)))
+    lock = threading.Lock()
+
+    def reader(done: threading.Event) -> None:
+        try:
+            while True:
+                with lock:
+                    index = None if failures else next(pending, None)
+                if index is None:
+                    return
+                try:
+                    answers[index] = read(chunks[index])
+                except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+                    with lock:
+                        failures.append(exc)
+                    return
+        finally:
+            done.set()
+
+    # Each reader's end is an Event, waited for (not a join: a Ctrl-C that interrupts Thread.join, in Python 3.11,
+    # releases the running thread's own lock, and the interpreter aborts with SIGABRT as that thread ends).
+    ends = [threading.Event() for _ in range(min(READERS, len(chunks)))]
+    try:
+        for done in ends:
+            threading.Thread(target=reader, args=(done,), daemon=True, name="gpushare-prometheus-reader").start()
+        for done in ends:
+            done.wait()
+    except BaseException:  # Ctrl-C (KeyboardInterrupt; SIGTERM and SIGHUP are raised as one too)
+        prom.abort()
+        give_up = time.monotonic() + 1.0
+        for done in ends:  # each read ends as its connection is shut down: moments, not its bound
+            done.wait(max(0.0, give_up - time.monotonic()))
+        raise
+    if failures:
+        raise failures[0]
     out: Series = {}
-    with ThreadPoolExecutor(max_workers=READERS) as pool:
-        for result in pool.map(read, chunks):
-            for series in result:
-                key = tuple(sorted(series.get("metric", {}).items()))
-                out.setdefault(key, []).extend(float(v) for _t, v in series["values"])
+    for result in answers:
+        for series in result:
+            key = tuple(sorted(series.get("metric", {}).items()))
+            out.setdefault(key, []).extend(float(v) for _t, v in series["values"])
     return out

@@ -23,7 +23,7 @@ from gpushare.core.guardrails import duration_seconds, load_guardrails
 from gpushare.core.prices import PriceTable, load_prices, prices_path
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve_env
 from gpushare.ops.diagnose import diagnose_join
-from gpushare.ops.prometheus import Prometheus, check_window
+from gpushare.ops.prometheus import QUERY_SECONDS, Prometheus, check_window
 from gpushare.render.monitoring import rules as r
 
 SOURCES = ("auto", "recorded", "raw")
@@ -220,11 +220,12 @@ def _check_options(source: str, window: str, by: str) -> None:
 
 def run_showback(env: str, prometheus: str, window: str = "30d", end: float | None = None,
                  prices: Path | None = None, source: str = "auto", by: str = "tenant",
-                 outputs: tuple[tuple[Path | None, str], ...] = ()) -> ShowbackReport:
+                 outputs: tuple[tuple[Path | None, str], ...] = (), timeout: float = QUERY_SECONDS
+                 ) -> ShowbackReport:
     """Query Prometheus and split the window's physical GPU-hours between tenants and idle. `outputs` are
-    (path, option) pairs only checked here, before any work."""
+    (path, option) pairs only checked here, before any work; `timeout` bounds each query (--timeout)."""
     _check_options(source, window, by)
-    prom = Prometheus(prometheus)
+    prom = Prometheus(prometheus, timeout=timeout)
     fleet = resolve_env(env)
     for path, option in outputs:
         if path is not None:

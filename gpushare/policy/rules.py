@@ -846,11 +846,13 @@ def _queued(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("tenant-quota-within-capacity", "mandatory",
-      "Tenants are guaranteed no more of a GPU resource than their cluster's pools advertise: Kueue cannot admit a "
-      "guarantee the pools cannot meet, so a tenant counting on it waits. Mandatory where the environment refuses "
-      "the excess (quota_above_capacity: error), as validate and plan do; advisory where they only warn "
-      "(quota_above_capacity: warning, the default).",
-      "lower the tenants' quota to what the pools advertise, or add GPUs; `gpushare plan` shows both",
+      "Tenants are guaranteed no more of a GPU resource than their cluster's pools advertise, and no tenant's "
+      "ResourceQuota (guaranteed plus borrowing limit) is above it: Kueue cannot admit a guarantee the pools cannot "
+      "meet, so a tenant counting on it waits, and a quota above the cluster bounds nothing. Mandatory where the "
+      "environment refuses the excess (quota_above_capacity: error), as validate and plan do; advisory where they "
+      "only warn (quota_above_capacity: warning, the default).",
+      "lower the tenants' quota or borrowing limits to what the pools advertise, or add GPUs; `gpushare plan` shows "
+      "both",
       level_in=lambda ctx: "mandatory" if ctx.limits.quota_above_capacity == "error" else "advisory")
 def _quota_within_capacity(ctx: Context) -> Iterator[Finding]:
     from gpushare.core.tenancy import fleet_tenancy

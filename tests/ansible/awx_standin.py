@@ -13,6 +13,10 @@ status given) to another address, before any authentication, as a proxy in front
 `next_links` gives a page's `next` link by its request path; `play=False` ends each launched job at once as
 successful on every host of its limit, without running the playbook. `OtherOrigin` is the second server such a
 redirect or link points to, on another port of 127.0.0.1 (another origin): it keeps what it is sent.
+
+For the tests of answers gpushare does not expect: `answers` replaces the answer to a request ("METHOD path?query",
+after authentication) with (status, Content-Type, body bytes), or with a function that writes the answer itself on
+the handler (silence, a trickle); a POST's launch is then not made.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class AwxStandIn:
         self.requests: list[tuple[str, str, bool]] = []  # (method, path, with an Authorization header)
         self.redirects: dict[str, str | tuple[int, str]] = {}  # "METHOD path" -> Location (a 302) or (status, it)
         self.next_links: dict[str, str] = {}  # a page's request path -> its `next`
+        self.answers: dict[str, tuple[int, str, bytes] | Callable[[BaseHTTPRequestHandler], None]] = {}
         self.pages_served = 0
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -158,12 +163,31 @@ class AwxStandIn:
                 self._send(401, {"detail": "Authentication credentials were not provided."})
                 return False
 
+            def _answered(self) -> bool:
+                """An answer set in `answers` for this request, sent; False where there is none."""
+                answer = standin.answers.get(f"{self.command} {self.path}")
+                if answer is None:
+                    return False
+                try:
+                    if callable(answer):
+                        answer(self)
+                        return True
+                    code, content_type, body = answer
+                    self.send_response(code)
+                    self.send_header("Content-Type", content_type)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up, as it should
+                return True
+
             def _parts(self) -> tuple[list[str], dict[str, list[str]]]:
                 url = urllib.parse.urlsplit(self.path)
                 return [p for p in url.path.split("/") if p], urllib.parse.parse_qs(url.query)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                if self._redirected() or not self._authorised():
+                if self._redirected() or not self._authorised() or self._answered():
                     return
                 parts, query = self._parts()
                 if parts[:3] == ["api", "v2", "job_templates"] and parts[4:] == ["launch"]:
@@ -189,7 +213,7 @@ class AwxStandIn:
 
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                if self._redirected() or not self._authorised():
+                if self._redirected() or not self._authorised() or self._answered():
                     return
                 parts, _ = self._parts()
                 if parts[:3] == ["api", "v2", "job_templates"] and parts[4:] == ["launch"]:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -145,3 +146,52 @@ def test_testbed_environment_is_valid_and_matches_the_test_hosts() -> None:
         assert nodes[spec.name].gpu_model.name == spec.gpu_model
         assert nodes[spec.name].gpus_per_node == spec.gpu_count
         assert nodes[spec.name].nvswitch == spec.nvswitch
+
+
+DRA_EXAMPLE = ROOT / "examples" / "environments" / "dra.yaml"
+
+
+@pytest.mark.parametrize("where", ["the workspace", "a directory outside every workspace"])
+def test_the_dra_example_is_an_inventory_from_any_directory(tmp_path: Path, where: str) -> None:
+    """examples/environments/dra.yaml lists both clusters' bare-metal hosts; the DRA cluster's have no device-plugin
+    config (NVIDIA's DRA driver serves their GPUs). Ansible may run from any directory (AWX, cron): the plugin reads
+    the profiles and guardrails of the workspace the file lies in."""
+    result = ansible_inventory("-i", str(DRA_EXAMPLE), "--list", cwd=ROOT if where == "the workspace" else tmp_path)
+    assert result.returncode == 0, result.stderr
+    hostvars = plain(json.loads(result.stdout))["_meta"]["hostvars"]
+    fleet = resolve(DRA_EXAMPLE)
+    nodes = {n.name: n for n in fleet.nodes if n.managed_by == "ansible"}
+    assert sorted(hostvars) == sorted(nodes) and nodes
+    on_dra = {n for n, node in nodes.items() if fleet.clusters[node.cluster].gpu_allocation == "dra"}
+    assert on_dra and on_dra != set(nodes)
+    for name, hv in hostvars.items():
+        assert hv["gpushare_cluster"] == nodes[name].cluster
+        assert (hv["gpushare_device_plugin_config"] is None) == (name in on_dra), name
+        assert hv["gpushare_environment"] == "dra"
+
+
+@pytest.mark.parametrize(("change", "at", "says"), [
+    (lambda c: c.__setitem__("kubernetes_version", "1.33"), ("- name: lab-dra",), "gpu_allocation dra needs"),
+    (lambda c: c["dra"].__setitem__("version", "v9.9.9"), ("- name: lab-dra", "version: v9.9.9"),
+     "not a release gpushare knows"),
+    (lambda c: c["dra"].__setitem__("feature_gates", ["NoSuchGate"]), ("- name: lab-dra", "- NoSuchGate"),
+     "not a feature gate of NVIDIA's DRA driver"),
+], ids=["kubernetes-version", "driver-version", "driver-gate"])
+def test_a_bad_dra_environment_stops_ansible_naming_the_file_and_line(
+        tmp_path: Path, change: Any, at: tuple[str, ...], says: str) -> None:
+    env_dir = tmp_path / "environments"
+    env_dir.mkdir()
+    data = yaml.safe_load(DRA_EXAMPLE.read_text())
+    change(next(c for c in data["clusters"] if c["name"] == "lab-dra"))
+    text = yaml.safe_dump(data, sort_keys=False)
+    env = env_dir / "dra.yaml"
+    env.write_text(text)
+    lines = text.splitlines()
+    line = 0
+    for marker in at:  # the line of the last marker, found after the ones before it
+        line = next(i for i in range(line, len(lines)) if lines[i].strip() == marker) + 1
+    result = ansible_inventory("-i", str(env), "--graph")
+    assert result.returncode != 0
+    assert "gpushare could not resolve" in result.stderr and says in result.stderr, result.stderr
+    assert f"{env}:{line}: clusters[1]" in result.stderr, (line, result.stderr)
+    assert "fix:" in result.stderr

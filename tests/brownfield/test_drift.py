@@ -156,3 +156,75 @@ def test_drift_reads_the_configs_the_operator_mounts(imported: Imported) -> None
                                   "      - {name: nvidia.com/mig-1g.10gb, replicas: 4}\n")
     assert found(drift_of(state)) == {(n, "device-plugin", "labels[nvidia.com/device-plugin.config]")
                                       for n in ("a100-01", "a100-02")}
+
+
+def _labelled_at(state: ClusterState, on: str, value: str, when: datetime) -> None:
+    """The node's device-plugin config label set to `value` by kubectl at `when`, as its managedFields record it."""
+    n = node(state, on)
+    n["metadata"]["labels"]["nvidia.com/device-plugin.config"] = value
+    n["metadata"]["managedFields"] = [{
+        "manager": "kubectl-label", "operation": "Update", "apiVersion": "v1", "time": f"{when:%Y-%m-%dT%H:%M:%SZ}",
+        "fieldsV1": {"f:metadata": {"f:labels": {"f:nvidia.com/device-plugin.config": {}}}}}]
+
+
+def _with_ts8(state: ClusterState) -> None:
+    """A config in the device plugin's ConfigMap that time-slices whole GPUs 8 ways (and nothing else)."""
+    configs = next(c for c in state.of("ConfigMap") if c["metadata"]["name"] == "device-plugin-configs")
+    configs["data"]["ts-8"] = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                               "      - {name: nvidia.com/gpu, replicas: 8}\n")
+
+
+def test_a_config_label_moved_off_the_default_by_hand_is_drift_even_where_it_shares_nothing_today(
+        imported: Imported) -> None:
+    """a100-01 runs the ClusterPolicy's `default` (it has no label) and Git gives it an exclusive config. Someone
+    labels it `ts-8` after the import: a config that time-slices whole GPUs, which the node's MIG instances under the
+    mixed strategy do not advertise, so its GPUs are shared alike today and drift used to list the label as pending,
+    like a rename the next rollout makes. No rollout and no import explains it, and the node's next layout (MIG off)
+    would be shared 8 ways: drift, naming both configs and when the label was written. The same label the import read
+    (written before it, or of unknown age), a move to Git's own config under another name (`whole`), and an
+    unlabelled node stay pending."""
+    imported("default-and-custom")
+    day = resolve_env(ENV).env.adoption.imported  # type: ignore[union-attr]
+    assert day is not None
+    after = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1, hours=9)
+
+    def state_with(value: str, when: datetime | None) -> ClusterState:
+        state = read_dumps(CLUSTERS / "default-and-custom")
+        state.objects = copy.deepcopy(state.objects)
+        _with_ts8(state)
+        if when is None:
+            node(state, "a100-01")["metadata"]["labels"]["nvidia.com/device-plugin.config"] = value
+        else:
+            _labelled_at(state, "a100-01", value, when)
+        return state
+
+    report = drift_of(state_with("ts-8", after))
+    assert found(report) == {("a100-01", "device-plugin", "labels[nvidia.com/device-plugin.config]")}
+    (item,) = report.drift
+    assert item.git.startswith("all-1g-10gb-") and item.git.endswith(": exclusive"), item
+    assert item.cluster.startswith("ts-8: timeSlicing nvidia.com/gpu x8 (labelled "), item
+    assert f"after the import of {day}" in item.cluster, item
+    for value, when in (("ts-8", after - timedelta(days=3)), ("ts-8", None), ("whole", after)):
+        report = drift_of(state_with(value, when))
+        assert found(report) == set(), (value, when, report.drift)
+        assert ("a100-01", "device-plugin") in {(d.node, d.kind) for d in report.pending}, (value, when)
+
+
+def test_a_config_label_set_by_hand_on_a_cluster_gpushare_built_is_drift(imported: Imported) -> None:
+    """Without an adoption block every label is a rollout's: one naming another config than Git's, which shares
+    differently (here only resources the MIG node does not advertise), is drift whatever its age; an unlabelled
+    node running the ClusterPolicy's default stays pending."""
+    workspace, _ = imported("default-and-custom")
+    env_file = workspace / "environments" / f"{ENV}.yaml"
+    env = yaml.safe_load(env_file.read_text())
+    del env["adoption"]
+    env_file.write_text(yaml.safe_dump(env, sort_keys=False))
+    state = read_dumps(CLUSTERS / "default-and-custom")
+    state.objects = copy.deepcopy(state.objects)
+    _with_ts8(state)
+    node(state, "a100-01")["metadata"]["labels"]["nvidia.com/device-plugin.config"] = "ts-8"
+    report = drift_of(state)
+    assert ("a100-01", "device-plugin", "labels[nvidia.com/device-plugin.config]") in found(report)
+    (item,) = [d for d in report.drift if d.node == "a100-01"]
+    assert "nor the same config under another name" in item.cluster, item
+    assert {d.node for d in report.drift} == {"a100-01"}, report.drift

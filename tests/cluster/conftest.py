@@ -18,7 +18,7 @@ from tests.cluster import bins as binaries
 from tests.cluster.controlplane import Cluster, Etcd
 from tests.cluster.environments import Applied, bring_up, preview
 from tests.cluster.kube import Kube
-from tests.cluster.kueue import KWOK_STAGES, Kueue, rendered_configuration
+from tests.cluster.kueue import KWOK_STAGES, Kueue, rendered_configuration, rendered_feature_gates
 from tests.cluster.kueue import find as find_kueue
 from tests.cluster.queues import Queues
 
@@ -126,9 +126,9 @@ def queues(cluster_bins: binaries.Binaries, etcd: Etcd, cluster_folder: Path, ku
             control = Cluster(name, cluster_bins, etcd, cluster_folder / name, kwok_config=KWOK_STAGES)
             running[name] = (control, None, None)
             kube = Kube(control.kubeconfig)
-            manager = Kueue.start(control, kube, kueue_build,
-                                  rendered_configuration(out / "helm-values" / cluster / "kueue.yaml"),
-                                  cluster_folder / name / "kueue")
+            values = out / "helm-values" / cluster / "kueue.yaml"
+            manager = Kueue.start(control, kube, kueue_build, rendered_configuration(values),
+                                  cluster_folder / name / "kueue", rendered_feature_gates(values))
             running[name] = (control, manager, None)
             running[name] = (control, manager, Queues(bring_up(env, cluster, kube, out), manager))
         control, manager, found = running[name]

@@ -231,6 +231,14 @@ class Cluster:
             self.stop()
             raise
 
+    def user_kubeconfig(self, user: str, groups: tuple[str, ...] = ()) -> Path:
+        """A kubeconfig whose client certificate, signed by the cluster's CA, names `user` (CN) in `groups` (O): the
+        identity an OIDC or certificate authenticator gives a person of the tenant, with no role but what RBAC binds
+        to that user or those groups."""
+        name = "user-" + "".join(c if c.isalnum() else "-" for c in user)
+        self.pki.issue(name, user, groups)
+        return self._kubeconfig(name)
+
     def _kubeconfig(self, user: str) -> Path:
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": self.name,

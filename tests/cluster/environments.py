@@ -20,7 +20,8 @@ from tests.cluster.kube import Answer, Kube, eventually
 from tests.cluster.nodes import kwok_node, plan_json, planned_nodes
 
 # environment key -> what `gpushare preview --env` and `gpushare plan --env` are given
-ENVIRONMENTS = {"dev": "dev", "pilot": "pilot", "prod": "prod", "dra": "examples/environments/dra.yaml"}
+ENVIRONMENTS = {"dev": "dev", "pilot": "pilot", "prod": "prod", "dra": "examples/environments/dra.yaml",
+                "dra-partitionable": "tests/cluster/dra-partitionable.yaml"}
 # Namespaces the Helm releases create (create_namespace) where no gpushare object does: made before the apply, as
 # the release would have made them, so that objects placed there are judged on their own.
 RELEASE_NAMESPACES = ("gpu-operator", "kueue-system", "monitoring", "nvidia-dra-driver-gpu")
@@ -120,8 +121,9 @@ TENANT_SERVICE_ACCOUNT = "ci"
 
 def tenant_client(kube: Kube, namespace: str) -> Kube:
     """A client holding a real token of a ServiceAccount in the tenant's namespace with the built-in `admin` role
-    there (and pods/ephemeralcontainers): gpushare renders no tenant RBAC (sites bind their own groups), so tests
-    take the broadest rights a namespace owner is normally given."""
+    there (and pods/ephemeralcontainers): broader than gpushare's tenant roles (test_tenant_rbac.py), because a site
+    may bind its own groups to Kubernetes' roles instead, so the admission tests take the broadest rights a namespace
+    owner is normally given."""
     kube.apply({"apiVersion": "v1", "kind": "ServiceAccount",
                 "metadata": {"name": TENANT_SERVICE_ACCOUNT, "namespace": namespace}})
     kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",

@@ -52,7 +52,7 @@ def _warnings(headers: Any) -> list[str]:
 
 class Kube:
     def __init__(self, kubeconfig: Path, token: str | None = None,
-                 impersonate: str | None = None) -> None:
+                 impersonate: str | None = None, impersonate_group: str | None = None) -> None:
         configuration = client.Configuration()
         config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
         if token is not None:  # the same server and CA, a ServiceAccount's identity instead of the admin's
@@ -60,6 +60,7 @@ class Kube:
             configuration.api_key = {}
         self.token = token
         self.impersonate = impersonate  # a user name, sent by the admin: identities no token can be had for
+        self.impersonate_group = impersonate_group  # and a group for it (one: the header takes one value here)
         self.kubeconfig = kubeconfig
         self.api = client.ApiClient(configuration)
         self.dynamic = DynamicClient(self.api)
@@ -92,6 +93,8 @@ class Kube:
         if self.impersonate is not None:
             # the API server adds the groups of the user (a ServiceAccount's, system:authenticated) itself
             headers["Impersonate-User"] = self.impersonate
+        if self.impersonate_group is not None:
+            headers["Impersonate-Group"] = self.impersonate_group
         url = self.api.configuration.host + path + (f"?{urlencode(list(query))}" if query else "")
         response = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=60)
         data = response.read()

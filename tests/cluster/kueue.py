@@ -14,7 +14,8 @@ What a Deployment of the chart would have and a local process has not, and what 
   in a mount namespace of its own in which an overlay over /etc holds it, so nothing outside changes.
 - The visibility API server (an aggregated API the chart registers as an APIService; gpushare reads nothing from
   it) is switched off with `--feature-gates=VisibilityOnDemand=false`: with cert management off it reads its
-  certificate from /visibility and binds a fixed port.
+  certificate from /visibility and binds a fixed port. The gates gpushare's values give the chart
+  (controllerManager.featureGates) join that flag, as the chart passes them.
 - The leader election namespace, which a pod reads from its ServiceAccount's mounted files: Kueue's namespace.
 Only these, the listening addresses and the certificate directory differ from the rendered Configuration.
 """
@@ -73,6 +74,13 @@ def rendered_configuration(helm_values: Path) -> dict[str, Any]:
     values = yaml.safe_load(helm_values.read_text())
     config: dict[str, Any] = yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
     return config
+
+
+def rendered_feature_gates(helm_values: Path) -> dict[str, bool]:
+    """The feature gates gpushare's Helm values give Kueue (controllerManager.featureGates, which the chart passes
+    to the manager as --feature-gates)."""
+    values = yaml.safe_load(helm_values.read_text())
+    return {g["name"]: bool(g["enabled"]) for g in values.get("controllerManager", {}).get("featureGates", [])}
 
 
 def _url_config(client_config: dict[str, Any], base: str, ca_bundle: str) -> dict[str, Any]:
@@ -136,9 +144,11 @@ class Kueue:
     work: Path
     process: Process | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    feature_gates: dict[str, bool] = field(default_factory=dict)  # the chart's controllerManager.featureGates
 
     @classmethod
-    def start(cls, cluster: Cluster, kube: Kube, build: Path, rendered: dict[str, Any], work: Path) -> Kueue:
+    def start(cls, cluster: Cluster, kube: Kube, build: Path, rendered: dict[str, Any], work: Path,
+              feature_gates: dict[str, bool] | None = None) -> Kueue:
         work.mkdir(parents=True, exist_ok=True)
         ports = {"webhook": free_port(), "metrics": free_port(), "health": free_port()}
         config = copy.deepcopy(rendered)
@@ -150,7 +160,7 @@ class Kueue:
         if config.get("leaderElection", {}).get("leaderElect"):
             # In a pod the namespace comes from the ServiceAccount's mounted files.
             config["leaderElection"] = {**config["leaderElection"], "resourceNamespace": NAMESPACE}
-        kueue = cls(cluster, kube, build, config, work, ports=ports)
+        kueue = cls(cluster, kube, build, config, work, ports=ports, feature_gates=dict(feature_gates or {}))
         kueue._install()
         try:
             kueue._run()
@@ -207,7 +217,8 @@ class Kueue:
     def _run(self) -> None:
         argv = [*_mount_namespace(), "sh", "-c", _MOUNTS, "kueue", str(self.work), str(self.build / "kueue"),
                 f"--config={self.work / 'kueue-config.yaml'}", f"--kubeconfig={self.work / 'kubeconfig'}",
-                "--feature-gates=VisibilityOnDemand=false"]
+                "--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in
+                                              {"VisibilityOnDemand": False, **self.feature_gates}.items())]
         for attempt in range(3):
             self.process = spawn("kueue", argv, self.work)
             try:

@@ -25,7 +25,7 @@ def owned(obj: dict[str, Any]) -> list[Any]:
 
 CLUSTERS = [(env, cluster) for env, clusters in
             {"dev": ["dev-metal"], "pilot": ["pilot-metal", "pilot-gke"], "prod": ["prod-metal", "prod-gke"],
-             "dra": ["lab-dra", "lab-plugin"]}.items() for cluster in clusters]
+             "dra": ["lab-dra", "lab-plugin"], "dra-partitionable": ["lab-dra"]}.items() for cluster in clusters]
 
 
 def test_the_clusters_listed_here_are_the_ones_the_previews_write(cluster_folder) -> None:  # type: ignore[no-untyped-def]

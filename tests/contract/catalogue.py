@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpushare.core.errors import printable
 from tests.contract.harness import Result, Worker, seed
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
@@ -25,6 +26,7 @@ class Case:
     code: int
     contains: list[str] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)  # symbolic links under inputs/: name -> where they point
 
 
 def _pilot_over_quota(root: Path) -> bytes:
@@ -159,6 +161,135 @@ CASES = [
          ["validate", "--env", "inputs/dev.yaml"], 1, ["group_vars/all.yml:2: dcgm_apt_uri", "U+000A"],
          {"dev.yaml": seed("dev.yaml"),
           "group_vars/all.yml": b'# the site mirror\ndcgm_apt_uri: "https://mirror.example/cuda\\nTrusted: yes"\n'}),
+    # ---- issue 39, third round: files at the edges
+    Case("output", "`pack --env-out` names the fleet's own environment file", [
+        "pack", "--fleet", "dev", "--demand", "examples/demand/inference.yaml", "--env-out", "environments/dev.yaml"],
+         2, ["would replace input"]),
+    Case("file", "a profile that is a symbolic link to itself", ["validate", "--env", "inputs/dev.yaml", "--profiles",
+                                                                  "inputs/profiles"], 2,
+         ["profiles/loop.yaml: profile file is a symbolic link in a loop"], {"dev.yaml": seed("dev.yaml")},
+         links={"profiles/loop.yaml": "loop.yaml"}),
+    Case("adoption", "`drift --kubeconfig` names a file that is not YAML", ["drift", "--env", "dev", "--kubeconfig",
+                                                                           "inputs/kubeconfig"], 2,
+         ["not a kubeconfig: not valid YAML"], {"kubeconfig": b"apiVersion: v1\nclusters: [\n"}),
+    Case("file", "a terminal escape (`ESC[31m`) in the `--env` file name is shown, not sent", [
+        "validate", "--env", "inputs/\x1b[31mred.yaml"], 1, ["\\x1b[31mred.yaml"],
+         {"\x1b[31mred.yaml": seed("dev.yaml")}),
+    # ---- issue 39, third round: AWX options and the bound on a server's answer
+    Case("rollout", "an `--awx-template` ID in other digits (`rollout.yml=\u00b2`: `isdigit()` takes it, `int()` "
+         "does not)", ["rollout", "--env", "dev", "--dry-run", "--awx-url", "https://awx.example.com",
+                       "--awx-template", "rollout.yml=\u00b2", "--awx-template", "verify.yml=6"], 2,
+         ["is not a number from 1 written in the digits 0-9"]),
+    Case("rollout", "one playbook's `--awx-template` given twice (the last won)", [
+        "rollout", "--env", "dev", "--dry-run", "--awx-url", "https://awx.example.com", "--awx-template",
+        "rollout.yml=5", "--awx-template", "rollout.yml=7", "--awx-template", "verify.yml=6"], 2,
+         ["rollout.yml is given twice"]),
+    Case("rollout", "an `--awx-url` with a space", ["rollout", "--env", "dev", "--dry-run", "--awx-url",
+                                                   "https://awx example.com", "--awx-template", "rollout.yml=5",
+                                                   "--awx-template", "verify.yml=6"], 2, ["it has a space"]),
+    Case("option", "`showback --timeout nan`", ["showback", "--env", "dev", "--prometheus", "http://127.0.0.1:9",
+                                                 "--timeout", "nan"], 2, ["not a finite number"]),
+]
+
+
+@dataclass
+class Elsewhere:
+    """Bad input the worker cannot produce (a host's files under Ansible, a full disk, two processes at once, a
+    cluster's ConfigMaps): its row quotes the words the named test asserts."""
+
+    kind: str
+    input: str
+    run: str
+    code: str
+    says: str
+    test: str
+
+
+_BAD_STATE = "tests/ansible/test_ansible_bad_state.py"
+_FILES = "tests/test_hardening_files.py"
+_CONFIGMAPS = "tests/brownfield/test_import_configmap_values.py"
+_AWX = "tests/ansible/test_ansible_awx.py"
+_SILENT = "tests/test_silent_servers.py"
+
+ELSEWHERE = [
+    Elsewhere("collection", "gpushare's state file on a host is not JSON, a JSON list or a directory",
+              "`ansible localhost -m gpushare.fleet.gpushare_state` (also `host_read`, `dcgm_diag`)", "task failed",
+              "host HOST: /var/lib/gpushare/state.json: not JSON (line 2, column 1 ...) / the top level is a JSON list "
+              "/ is a directory ...; the file was left as it is (fix: ...)", _BAD_STATE),
+    Elsewhere("collection", "`dcgmi diag --json` with `test_categories` a string or `results` a number",
+              "`gpushare.fleet.dcgm_diag`", "task failed",
+              "host HOST: `/usr/bin/dcgmi diag -r 1 --json` gave no usable report (rc 0): field 'DCGM "
+              "Diagnostic'.test_categories is a string (\"Deployment\"), not a list of objects; nothing was recorded "
+              "... (fix: ...)", _BAD_STATE),
+    Elsewhere("collection", "`kubectl` answers with something that is not JSON", "`gpushare.fleet.kube_node`",
+              "task failed", "node gpu-01: `kubectl get node gpu-01 -o json` printed something that is not JSON ...; "
+              "stopped there (kubectl commands that changed the node before: none) (fix: ...)", _BAD_STATE),
+    Elsewhere("collection", "the host's containerd `config.toml` is not TOML", "`gpushare.fleet.containerd_runtime`",
+              "task failed", "host HOST: option config_path: /etc/containerd/config.toml is not TOML: ... (at line 2, "
+              "column ...); nothing was written (fix: ...)", _BAD_STATE),
+    Elsewhere("collection", "a CDI spec path that is a directory", "`gpushare.fleet.cdi_spec`", "task failed",
+              "host HOST: option path /var/run/cdi/nvidia.yaml is a directory, not the spec's file; nothing was "
+              "written (fix: ...)", _BAD_STATE),
+    Elsewhere("output", "a full disk (a tmpfs of 4 MiB, filled)", "`gpushare schema --out`, `preview --out`, `init`, "
+              "`init --example`, `capacity --backfill-rules`", "2",
+              "PATH: cannot write: No space left on device (the file system is full); nothing was written and what "
+              "this command had created is removed fix: free space on the file system ...", _FILES),
+    Elsewhere("output", "two `gpushare init` of one new directory at once", "`gpushare init fleet` twice", "0 and 2",
+              "fleet: another process wrote into the workspace directory while init was building the workspace ...",
+              _FILES),
+    Elsewhere("adoption", "a device-plugin config with `replicas: 0` in the ConfigMap the operator mounts",
+              "`gpushare import --from DIR`", "0, reported",
+              "Node/l40s-01 labels[nvidia.com/device-plugin.config]: device-plugin config 'ts-2': in ConfigMap "
+              "'time-slicing-config' ... cannot be read: sharing.timeSlicing.resources[0].replicas: replicas is 0: "
+              "the device plugin refuses fewer than 2 ...; the node is left out", _CONFIGMAPS),
+    Elsewhere("adoption", "a mig-parted config with a negative `mig-devices` count, or not a list",
+              "`gpushare import --from DIR`", "0, reported",
+              "MIG config 'all-balanced': in ConfigMap 'custom-mig-config' ... cannot be read: "
+              "mig-configs.all-balanced[0].mig-devices: mig-devices[1g.10gb] is -2: mig-parted refuses a negative "
+              "count ...; the node is left out", _CONFIGMAPS),
+    # ---- issue 39, third round: servers that answer otherwise, or not at all
+    Elsewhere("rollout", "AWX answers a job launch with a login page or cut-off JSON",
+              "`gpushare rollout --awx-url URL --awx-template rollout.yml=5 --awx-template verify.yml=6`", "2",
+              "AWX job template 5 (rollout.yml): AWX POST /api/v2/job_templates/5/launch/ answered not JSON but "
+              "text/html ('<!DOCTYPE html>...'...) / JSON cut off or broken (...) (fix: check that --awx-url is the "
+              "controller's own address ...)", _AWX),
+    Elsewhere("rollout", "a launch answer of `[]`, without a job id, or with one that is not a number",
+              "`gpushare rollout --awx-url URL ...`", "2",
+              "AWX job template 5 (rollout.yml): AWX POST ... answered []: Input should be a valid dictionary ... / "
+              "job: no job number (neither `job` nor `id`) ... / job: Input should be a valid integer (it holds "
+              "\"seven\"), in the answer to AWX POST /api/v2/job_templates/5/launch/ (fix: ...)", _AWX),
+    Elsewhere("rollout", "a job's status nested 100,000 levels deep, missing (it was polled for 6 hours), or not one "
+              "AWX has", "`gpushare rollout --awx-url URL ...`", "2",
+              "AWX job 1 (rollout.yml): status: Field required (it holds {\"id\": 1, ...}), in the answer to AWX GET "
+              "/api/v2/jobs/1/; the job's state is unknown, so it was canceled (fix: ...)", _AWX),
+    Elsewhere("rollout", "host summaries without `host_name` or with counts that are not numbers; failed events "
+              "that are not objects", "`gpushare rollout --awx-url URL ...`", "2",
+              "AWX job 1 (rollout.yml): results[0].host_name: Field required / results[0].failures: Input should be "
+              "a valid integer (it holds \"many\") / results[0]: Input should be a valid dictionary ..., in the "
+              "answer to AWX GET .../job_host_summaries/... (fix: ...)", _AWX),
+    Elsewhere("rollout", "a `next` link to the page itself (or to one already read)",
+              "`gpushare rollout --awx-url URL ...`", "2",
+              "AWX job 1 (rollout.yml): next: AWX GET URL: its next page URL was already read; the pages loop, so the "
+              "job's results are not complete (fix: ...)", _AWX),
+    Elsewhere("rollout", "a job that never finishes", "`gpushare rollout --awx-url URL ... --awx-job-timeout 1`", "1",
+              "AWX job 1 did not finish within --awx-job-timeout 1 s; it was canceled", _AWX),
+    Elsewhere("rollout", "an AWX controller that accepts and stays silent, or trickles its answer",
+              "`gpushare rollout --awx-url URL ... --timeout 1.5`", "2",
+              "AWX job template 5 (rollout.yml): AWX GET /api/v2/job_templates/5/launch/: no answer / ... bytes of an "
+              "answer within 2 s, gpushare's bound on one request (--timeout 1.5 s, ...) (fix: ...)", _AWX),
+    Elsewhere("server", "a Prometheus that accepts and never answers, sends its headers a byte at a time, or "
+              "trickles its body", "`gpushare showback`, `capacity`, `promote` with `--timeout 1.5` (or "
+              "`GPUSHARE_TIMEOUT=1.5`)", "2",
+              "Prometheus at URL sent no answer to the ... query within 2 s, gpushare's bound on one query (--timeout "
+              "1.5 s, from the connection to the answer's last byte) (fix: ...; if the server is only slow, raise "
+              "--timeout (or $GPUSHARE_TIMEOUT) ...)", _SILENT),
+    Elsewhere("server", "a Kubernetes API server that does the same", "`gpushare import`, `drift` with "
+              "`--kubeconfig FILE --timeout 1.5`", "2",
+              "FILE: the API server did not answer the list of Nodes within the bound of 1.5 s to connect and 1.5 s "
+              "per list call (--timeout) (fix: ...)", _SILENT),
+    Elsewhere("server", "Ctrl-C while `capacity` waits on a silent Prometheus",
+              "`gpushare capacity ... --timeout 60`, then SIGINT", "130",
+              "ends within 2 s (it took about 140 s), its connections closed", _SILENT),
 ]
 
 
@@ -170,9 +301,13 @@ def run_case(worker: Worker, case: Case) -> Result:
         path = worker.workspace / "inputs" / name
         path.parent.mkdir(parents=True, exist_ok=True)  # a folder of dumps
         path.write_bytes(data)
+    for name, target in case.links.items():
+        (worker.workspace / "inputs" / name).symlink_to(target)
     try:
         return worker.run(case.args)
     finally:
+        for name in case.links:
+            (worker.workspace / "inputs" / name).unlink()
         for name in files:
             path = worker.workspace / "inputs" / name
             path.unlink()
@@ -206,6 +341,22 @@ def render_doc(rows: list[tuple[Case, Result]]) -> str:
     ]
     for case, result in rows:
         command = "gpushare " + " ".join(a if " " not in a and a else repr(a) for a in case.args)
-        out.append(f"| {case.kind} | {_cell(case.input)} | `{_cell(command)}` | {result.code} | "
+        out.append(f"| {case.kind} | {_cell(case.input)} | `{_cell(printable(command))}` | {result.code} | "
                    f"{_cell(_answer(result))} |")
+    out += [
+        "",
+        "## Checked where they can run",
+        "",
+        "Bad input this page's worker cannot produce: a host's files and tools under Ansible (each module run as",
+        "Ansible runs it), a full disk (a tmpfs the test mounts), two processes at once, a cluster's ConfigMaps.",
+        "Each row quotes what the test it names asserts (`...` stands for what varies: paths, the host, the",
+        "parser's words). Servers that answer otherwise than their API does, or not at all, are stand-ins on",
+        "127.0.0.1 (of AWX, Prometheus and the Kubernetes API).",
+        "",
+        "| kind | input | run | exit | what gpushare says | test |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in ELSEWHERE:
+        out.append(f"| {row.kind} | {_cell(row.input)} | {_cell(row.run)} | {row.code} | {_cell(row.says)} | "
+                   f"`{row.test}` |")
     return "\n".join(out) + "\n"

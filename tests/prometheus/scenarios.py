@@ -43,6 +43,7 @@ class PoolLoad:
     host_label: str = HOST_LABEL  # its spelling: LEGACY_HOST_LABEL (Hostname) for exporters before 4.6.0-4.8.3
     pool_label: bool = True  # kube_node_labels carries the pool label (kube-state-metrics' label allowlist)
     unschedulable: tuple[str, int] | None = None  # (resource, pods): unschedulable pods asking for one each
+    gated: tuple[str, int] | None = None  # (resource, pods): pods Kueue's gate holds (Pending, no node), one each
     mig_util: dict[str, float] | None = None  # MIG profile -> mean busy share of its instances (else util)
     mig_memory_mib: dict[str, int] | None = None  # MIG profile -> framebuffer its instances use (else pod_memory_mib)
     dcgm_gap: tuple[int, int, str] | None = None  # (from, to, node): that node's dcgm-exporter sent nothing meanwhile
@@ -160,6 +161,14 @@ def write_openmetrics(scenario: Scenario, out: TextIO) -> int:
                                                                 "resource": resource, "unit": "integer"}, const(1))
                 series("kube_pod_status_phase", {**pod, "phase": "Pending"}, const(1))
                 series("kube_pod_status_unschedulable", {**pod, "uid": pod["pod"]}, const(1))
+                series("kube_pod_created", {**pod, "uid": pod["pod"]}, const(scenario.start))
+        if load.gated:
+            resource, count = load.gated
+            for i in range(count):
+                pod = {"namespace": load.namespace, "pod": f"{load.pool}-gated-{i}"}
+                series("kube_pod_container_resource_requests", {**pod, "container": "main", "node": "",
+                                                                "resource": resource, "unit": "integer"}, const(1))
+                series("kube_pod_status_phase", {**pod, "phase": "Pending"}, const(1))
                 series("kube_pod_created", {**pod, "uid": pod["pod"]}, const(scenario.start))
         if load.queue:
             series("kueue_pending_workloads", {"cluster_queue": load.queue, "status": "active"}, const(load.pending))

@@ -30,8 +30,9 @@ MIG_PARTED_DEFAULT_CONFIGMAP = "default-mig-parted-config"
 MIG_PARTED_KEY = "config.yaml"
 # Kinds the importer reads; every other object in the dumps is listed as unsupported, not ignored.
 # The largest dump file read. `kubectl get nodes -o yaml --show-managed-fields` writes about 14 KB per GPU node
-# (GFD labels, images, managedFields): a 5,000-node cluster is 69 MB in one file, whose import took 51 s of CPU
-# and 1.8 GB of memory (measured, docs/adoption.md). 128 MiB leaves room for bigger nodes.
+# (GFD labels, images, managedFields): a 5,000-node cluster is 69 MB in one file. Its `items` are read one by one
+# (core.files.parse_yaml_documents), so the import peaks at a few times the dump's size (benchmarks/import_memory.py:
+# 313 MiB for 50 MB, where the whole file's YAML tree took 1,096 MiB). 128 MiB leaves room for bigger nodes.
 MAX_DUMP_BYTES = 128 * 1024 * 1024
 KINDS = ("ClusterPolicy", "NVIDIADriver", "ConfigMap", "Node", "ResourceQuota", "PriorityClass", "Namespace",
          "ResourceFlavor", "ClusterQueue", "LocalQueue", "Cohort")
@@ -364,7 +365,8 @@ def mig_layout(entries: list[dict[str, Any]], model: GpuModel) -> dict[str, int]
                 continue
         if not entry.get("mig-enabled"):
             return None
-        return {str(k): int(v) for k, v in (entry.get("mig-devices") or {}).items()}
+        # A count of 0 leaves the profile out (mig-parted allows it beside others); gpushare's layouts omit it.
+        return {str(k): int(v) for k, v in (entry.get("mig-devices") or {}).items() if int(v) > 0}
     return None
 
 

@@ -240,9 +240,37 @@ class _NodeCheck:
                      sharing_text(git_name, git_content, resources), sharing_text(name, content, resources))
             return False
         if name != git_name:
-            self.add("device-plugin", f"labels[{DEVICE_PLUGIN_CONFIG_LABEL}]", str(git_name), str(name or "(none)"),
-                     pending=True)
+            every = _named_resources(content, git_content, resources)
+            why = self.relabelled(content, git_content, every)
+            if why is None:
+                self.add("device-plugin", f"labels[{DEVICE_PLUGIN_CONFIG_LABEL}]", str(git_name),
+                         str(name or "(none)"), pending=True)
+            else:
+                self.add("device-plugin", f"labels[{DEVICE_PLUGIN_CONFIG_LABEL}]",
+                         sharing_text(git_name, git_content, every),
+                         f"{sharing_text(name, content, every)} ({why})")
         return True
+
+    def relabelled(self, content: dict[str, Any] | None, git_content: dict[str, Any] | None,
+                   every: list[str]) -> str | None:
+        """Why a config label that names another config than Git's, doing the same to this node's GPUs today, is
+        drift; None where a rollout explains it (pending). Explained: no label (the node runs the ClusterPolicy's
+        default until the rollout labels it); the same config under another name (every resource either config
+        shares, shared alike: a rename to the content-hashed name); on an adopted cluster, a label no later than the
+        import (or of unknown age: a dump without managedFields), which the import read. Anything else someone chose
+        by hand, such as a node moved from `default` to a config that shares only what its MIG layout does not
+        advertise today: the node's next layout would be shared as Git never said."""
+        if DEVICE_PLUGIN_CONFIG_LABEL not in self.labels:
+            return None
+        if sharing_of(content, every) == sharing_of(git_content, every):
+            return None
+        adoption = self.fleet.env.adoption
+        written = label_time(self.node, DEVICE_PLUGIN_CONFIG_LABEL)
+        if adoption is None:
+            return "not Git's config for the node, nor the same config under another name"
+        if written is None or adoption.imported is None or written.date() <= adoption.imported:
+            return None
+        return f"labelled {written:%Y-%m-%d %H:%M} UTC, after the import of {adoption.imported}"
 
     def advertised(self) -> None:
         """The "applied but not taken effect" case: the config is right, the node advertises something else."""
@@ -266,6 +294,14 @@ class _NodeCheck:
                      pending=key == SHARED_GPU_TAINT.key)
         for key, value, effect in sorted(have - want):
             self.add("taint", f"spec.taints[{key}]", "absent", f"{key}={value}:{effect}")
+
+
+def _named_resources(content: dict[str, Any] | None, git_content: dict[str, Any] | None,
+                     resources: list[str]) -> list[str]:
+    """Every resource either config shares, and those the node advertises: what tells two configs apart."""
+    named = {str(r.get("name")) for c in (content, git_content) for mode in ("timeSlicing", "mps")
+             for r in ((((c or {}).get("sharing") or {}).get(mode) or {}).get("resources") or [])}
+    return sorted(named | set(resources))
 
 
 def _missing(source: ConfigSource, name: str) -> str:

@@ -10,10 +10,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
+from gpushare.core import spec
 from gpushare.core.catalog import GpuModel
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.spec import is_system_namespace
@@ -22,6 +23,7 @@ from gpushare.ops.brownfield.cluster import (
     DEVICE_PLUGIN_LABEL,
     DRIVER_LABEL,
     MIG_DISABLED,
+    MIG_PARTED_KEY,
     OPERATOR_MIG_LABEL,
     OPERATOR_STATE_LABEL,
     PRODUCT_LABEL,
@@ -51,6 +53,16 @@ if TYPE_CHECKING:
 FALLBACK_TOOLKIT = "1.18.2"
 FALLBACK_DRIVER = 570
 # Taints Kubernetes itself sets: never a pool's.
+
+
+def _most(model: type[Any]) -> int:
+    """The upper bound of a profile's `replicas` (spec.TimeSlicingSpec, spec.MpsSpec), as validation holds it."""
+    from annotated_types import Le
+
+    return next(int(cast(int, m.le)) for m in model.model_fields["replicas"].metadata if isinstance(m, Le))
+
+
+_MOST_REPLICAS = {"time-slicing": _most(spec.TimeSlicingSpec), "mps": _most(spec.MpsSpec)}
 SYSTEM_TAINT_PREFIXES = ("node.kubernetes.io/", "node-role.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
 PURPOSE = {"exclusive": "training", "mig": "inference", "mig-time-slicing": "inference", "time-slicing": "development",
            "mps": "development"}
@@ -236,6 +248,12 @@ class _Importer:
             self.note(obj, where, f"config {sharing.name!r} shares with 1 replica, which is exclusive use; imported "
                       "as exclusive")
             return Sharing("exclusive")
+        most = _MOST_REPLICAS[sharing.kind]
+        if replicas > most:
+            self.note(obj, where, f"config {sharing.name!r} in ConfigMap {self.dp_source.configmap!r} shares "
+                      f"{', '.join(sorted(shared))} with replicas {replicas}; a gpushare {sharing.kind} profile "
+                      f"allows at most {most}; the node is left out")
+            return None
         return Sharing(sharing.kind, replicas, sharing.rename_by_default, sharing.fail_requests_greater_than_one)
 
     def check_allocatable(self, obj: str, node: dict[str, Any], profile: str, model: GpuModel, count: int) -> None:
@@ -521,6 +539,14 @@ class _Importer:
                 if name not in named:  # a node that names it was noted already
                     self.note(f"ConfigMap/{source.configmap}", name, f"config no node uses, which cannot be read "
                               f"({why}); not imported")
+        # A mounted ConfigMap that cannot be read at all (its config.yaml not YAML, mig-configs not a mapping) is
+        # said where a node names one of its configs; where none does, here.
+        for source in (self.dp_source, self.mig_source):
+            if source.problem and source.file is not None and not any(
+                    source.problem in u.reason for u in self.unsupported):
+                key = MIG_PARTED_KEY if source is self.mig_source else "data"
+                self.note(f"ConfigMap/{source.configmap}", key, f"{source.named_by} names it, but {source.problem}; "
+                          "no config of it is imported")
         for cm, holds in self.state.unread_config_maps():
             self.note(f"ConfigMap/{cm}", "data", f"holds {holds}, but the ClusterPolicy mounts "
                       f"{self.mig_source.configmap!r} for mig-manager and "

@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.ops.brownfield.kubeconfig import load_kubeconfig
 
 FIELD_MANAGER = "gpushare-diff"
 SERVER_FIELDS = ("managedFields", "resourceVersion", "uid", "creationTimestamp", "generation", "selfLink")
@@ -107,22 +108,14 @@ class Api:
 
     def __init__(self, kubeconfig: Path, context: str | None) -> None:
         try:
-            from kubernetes import client, config
-            from kubernetes.config.config_exception import ConfigException
+            from kubernetes import client
             from kubernetes.dynamic import DynamicClient
         except ImportError:
             raise GpushareError(Problem("gpushare diff reads the cluster through the Kubernetes Python client, "
                                         "which is not installed", path="--kubeconfig",
                                         fix="pip install 'gpushare[live]'"), exit_code=2) from None
         configuration = client.Configuration()
-        try:
-            config.load_kube_config(config_file=str(kubeconfig), context=context,
-                                    client_configuration=configuration)
-        except (ConfigException, OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
-            # the client reads any file it is given; what is not a kubeconfig surfaces as one of these
-            raise GpushareError(Problem(f"cannot use the kubeconfig: {exc}", file=str(kubeconfig),
-                                        path="--context" if context else "--kubeconfig",
-                                        fix="give a kubeconfig file and one of its contexts"), exit_code=2) from None
+        load_kubeconfig(kubeconfig, context, configuration)  # what is not a kubeconfig: exit 2, naming the file
         self.api = client.ApiClient(configuration)
         self.where = f"{kubeconfig}" + (f" (context {context})" if context else "")
         try:

@@ -10,7 +10,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from gpushare.core.errors import Problem
 
@@ -170,11 +170,48 @@ MODELS: dict[str, type[KubeObject]] = {"Node": Node, "ConfigMap": ConfigMap, "Cl
 # ---------------------------------------------------------------- configs embedded in ConfigMaps
 
 
+# A device reference in a device-plugin config's `devices` list: a GPU index, a MIG index (GPU:instance) or a UUID
+# (k8s-device-plugin api/config/v1 ReplicatedDeviceRef: IsGPUIndex, IsMigIndex, IsUUID).
+_DEVICE_REF = re.compile(r"\d+|\d+:\d+|(?:GPU|MIG)-[0-9A-Za-z-]+")
+
+
 class _SharedResource(_Open):
+    """One resource of a time-slicing or MPS block, held to the device plugin's own rules (k8s-device-plugin
+    api/config/v1 replicas.go, ReplicatedResource.UnmarshalJSON): a config it refuses makes the plugin fail on every
+    node that names it, so gpushare reports it instead of importing a count the cluster never ran."""
+
     name: str
-    replicas: int = 1
+    replicas: int
     rename: str | None = None
     devices: Any = None
+
+    @field_validator("replicas")
+    @classmethod
+    def _at_least_two(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(f"replicas is {value}: the device plugin refuses fewer than 2 (\"number of replicas "
+                             "must be >= 2\") and does not start with this config")
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _device_list(cls, value: Any) -> Any:
+        if value is None or value == "all":
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value <= 0:
+                raise ValueError(f"devices is {value}: a count of devices must be above 0")
+            return value
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                ok = (isinstance(item, int) and not isinstance(item, bool) and item >= 0) or (
+                    isinstance(item, str) and _DEVICE_REF.fullmatch(item) is not None)
+                if not ok:
+                    raise ValueError(f"devices[{index}] is {item!r}: the device plugin takes a GPU index, a MIG "
+                                     "index (GPU:instance) or a UUID")
+            return value
+        raise ValueError(f"devices is {value!r}: the device plugin takes 'all', a count above 0 or a list of GPU "
+                         "indices, MIG indices or UUIDs")
 
 
 class _SharingBlock(_Open):
@@ -196,12 +233,43 @@ class DevicePluginConfig(_Open):
 
 
 class MigEntry(_Open):
-    """One entry of a mig-parted config (mig-parted api/spec/v1)."""
+    """One entry of a mig-parted config, held to mig-parted's own rules (api/spec/v1 MigConfigSpec.UnmarshalJSON,
+    pkg/types MigConfig.AssertValidFormat): mig-manager refuses the whole file otherwise."""
 
     device_filter: str | list[str] | None = Field(None, alias="device-filter")
     devices: Literal["all"] | list[int] = "all"
     mig_enabled: bool = Field(False, alias="mig-enabled")
     mig_devices: dict[str, int] | None = Field(None, alias="mig-devices")
+
+    @field_validator("devices")
+    @classmethod
+    def _gpu_indices(cls, value: Literal["all"] | list[int]) -> Literal["all"] | list[int]:
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                if item < 0:
+                    raise ValueError(f"devices[{index}] is {item}: a GPU index is 0 or more, so this entry would "
+                                     "configure no GPU")
+        return value
+
+    @field_validator("mig_devices")
+    @classmethod
+    def _counts(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        for profile, count in (value or {}).items():
+            if count < 0:
+                raise ValueError(f"mig-devices[{profile}] is {count}: mig-parted refuses a negative count")
+        if value and not any(count > 0 for count in value.values()):
+            raise ValueError("mig-devices: every count is 0, which mig-parted refuses (\"all counts for all "
+                             "MigProfiles are 0\")")
+        return value
+
+    @model_validator(mode="after")
+    def _enabled_with_devices(self) -> MigEntry:
+        if self.mig_enabled and self.mig_devices is None:
+            raise ValueError("mig-enabled is true but mig-devices is missing, which mig-parted refuses")
+        if not self.mig_enabled and self.mig_devices:
+            raise ValueError("mig-devices is set but mig-enabled is false, which mig-parted refuses (\"MIG devices "
+                             "included when 'mig-enabled' is false\")")
+        return self
 
 
 MIG_CONFIG = TypeAdapter(list[MigEntry])
@@ -251,7 +319,8 @@ def reason(error: ValidationError) -> str:
     """The first wrong field of an embedded config, in one line."""
     item = error.errors()[0]
     path = location(tuple(item["loc"]))
-    return f"{path + ': ' if path else ''}{item['msg']} (it has {_shown(item.get('input'))})"
+    message = str(item["msg"]).removeprefix("Value error, ")
+    return f"{path + ': ' if path else ''}{message} (it has {_shown(item.get('input'))})"
 
 
 def _shown(value: Any) -> str:

@@ -102,7 +102,8 @@ def _window_queries(fleet: ResolvedFleet, guardrails: Guardrails, pools: list[Re
         for p in pools:
             parts = [r.unschedulable_requests_expr(p, local[p.cluster])]
             if p.name in queues:
-                parts.insert(0, r.pool_pending_workloads_expr(p, queues[p.name], by_cluster[p.cluster][1]))
+                parts.insert(0, r.pool_pending_workloads_expr(p, queues[p.name], by_cluster[p.cluster][1],
+                                                              r.queue_namespaces(fleet)))
             pending_parts.append(f'label_replace({r.sum_present(parts)}, "pool", "{p.name}", "", "")')
             wait_parts.append(f"label_replace(max_over_time(({r.unschedulable_pod_age_expr(p)})[{window}:{step}]), "
                               f'"pool", "{p.name}", "", "")')

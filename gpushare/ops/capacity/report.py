@@ -18,7 +18,7 @@ from gpushare.ops.capacity.proposal import propose
 from gpushare.ops.capacity.recommendations import Recommendation, recommend
 from gpushare.ops.diagnose import diagnose_join
 from gpushare.ops.patch import Proposal
-from gpushare.ops.prometheus import Prometheus, check_window
+from gpushare.ops.prometheus import QUERY_SECONDS, Prometheus, check_window
 
 SOURCES = ("auto", "recorded", "raw")
 
@@ -67,11 +67,13 @@ def _check_options(source: str, window: str) -> None:
 
 def run_capacity(env: str, prometheus: str, window: str = "7d", end: float | None = None, source: str = "auto",
                  patch: Path | None = None, chart: Path | None = None,
-                 progress: Callable[[str], None] = lambda what: None) -> CapacityReport:
+                 progress: Callable[[str], None] = lambda what: None,
+                 timeout: float = QUERY_SECONDS) -> CapacityReport:
     """Query Prometheus, size every pool, and write the proposed change as a patch for review (never applied).
-    `chart` is only checked as an output path here; `progress` hears what is being done."""
+    `chart` is only checked as an output path here; `progress` hears what is being done; `timeout` bounds each
+    query (--timeout)."""
     _check_options(source, window)
-    prom = Prometheus(prometheus)
+    prom = Prometheus(prometheus, timeout=timeout)
     fleet = resolve_env(env)
     patch_path = patch or Path("build") / "capacity" / f"{fleet.environment}.patch"
     check_output_file(patch_path, [fleet.source], option="--patch")

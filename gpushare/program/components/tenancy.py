@@ -1,5 +1,6 @@
 """Tenancy: per cluster, Kueue (pinned chart, metrics on) and gpushare's tenant namespaces, quotas, host defaults,
-priority classes, Kueue flavors and queues, and the admission policies that guard tenant namespaces.
+priority classes, Kueue flavors and queues, the tenant roles and their RoleBindings, and the admission policies that
+guard tenant namespaces.
 
 Every object comes from gpushare.core.tenancy and gpushare.admission (the one place their numbers are decided); this
 component only registers them, one resource per object so each shows in the preview and reaches the policies."""
@@ -16,6 +17,7 @@ from pulumi_kubernetes.admissionregistration.v1 import ValidatingAdmissionPolicy
 from pulumi_kubernetes.apiextensions import CustomResource
 from pulumi_kubernetes.core.v1 import LimitRange, Namespace, ResourceQuota
 from pulumi_kubernetes.helm.v3 import Release
+from pulumi_kubernetes.rbac.v1 import ClusterRole, RoleBinding
 from pulumi_kubernetes.resource.v1 import ResourceClaimTemplate
 from pulumi_kubernetes.scheduling.v1 import PriorityClass
 
@@ -76,9 +78,14 @@ def kueue_values(fleet: ResolvedFleet, cluster: spec.Cluster) -> dict[str, Any]:
     DeviceClass to the quota name the device-plugin path uses for the same profile, so one quota counts on both."""
     config = yaml.safe_load(kueue_chart_defaults()["managerConfig"]["controllerManagerConfigYaml"])
     config["metrics"] = {**config.get("metrics", {}), "enableClusterQueueResources": True}
-    config["resources"] = {**config.get("resources", {}),
-                           **kueue_resources(dra.kueue_device_class_mappings(fleet, cluster.name))}
-    return {**KUEUE_VALUES, "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(config, sort_keys=False)}}
+    mappings = dra.kueue_device_class_mappings(fleet, cluster.name)
+    config["resources"] = {**config.get("resources", {}), **kueue_resources(mappings)}
+    values: dict[str, Any] = {**KUEUE_VALUES,
+                              "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(config, sort_keys=False)}}
+    gates = dra.kueue_feature_gates(mappings)
+    if gates:  # the chart passes them as --feature-gates (its Configuration's featureGates may not be set beside)
+        values["controllerManager"] = {"featureGates": [{"name": k, "enabled": v} for k, v in sorted(gates.items())]}
+    return values
 
 
 def device_class_mapping_problems(mappings: list[dict[str, Any]]) -> list[Problem]:
@@ -154,18 +161,26 @@ class Tenancy(pulumi.ComponentResource):
                             f"resources.excludeResourcePrefixes {list(KUEUE_EXCLUDED_PREFIXES)} (gpushare's queues "
                             "cover GPUs only and every tenant pod asks for cpu and memory, so Kueue would admit no "
                             "tenant work; docs/tenancy.md)")
-            if dra.kueue_device_class_mappings(args.fleet, args.cluster.name):
+            mappings = dra.kueue_device_class_mappings(args.fleet, args.cluster.name)
+            if mappings:
+                gates = dra.kueue_feature_gates(mappings)
                 pulumi.log.warn(f"cluster {args.cluster.name} runs its own Kueue: add gpushare's deviceClassMappings "
-                                "(`gpushare plan`, docs/dra.md) to its Configuration, or DRA workloads stay "
-                                "inadmissible")
+                                "(`gpushare plan`, docs/dra.md) to its Configuration"
+                                + (f" and turn on its feature gate(s) {', '.join(sorted(gates))}" if gates else "")
+                                + ", or DRA workloads stay inadmissible")
             pulumi.log.info(f"cluster {args.cluster.name} runs its own Kueue: set metrics.enableClusterQueueResources "
                             "in its Configuration, or capacity splits pending work evenly (docs/capacity.md)")
 
         namespaces: dict[str, pulumi.Resource] = {}
+        roles: dict[str, pulumi.Resource] = {}
         for obj in tenancy.objects:
             if obj["kind"] == "Namespace":
                 namespaces[obj["metadata"]["name"]] = Namespace(
                     f"{name}-ns-{obj['metadata']['name']}", metadata=_meta(obj), opts=k8s)
+            elif obj["kind"] == "ClusterRole":
+                roles[obj["metadata"]["name"]] = ClusterRole(
+                    f"{name}-clusterrole-{obj['metadata']['name']}", metadata=_meta(obj), rules=obj["rules"],
+                    opts=k8s)
         for obj in tenancy.objects:
             kind, meta = obj["kind"], obj["metadata"]
             ns = meta.get("namespace")
@@ -181,6 +196,10 @@ class Tenancy(pulumi.ComponentResource):
             elif kind == "LimitRange":
                 LimitRange(res_name, metadata=_meta(obj), spec=obj["spec"],
                            opts=pulumi.ResourceOptions.merge(k8s, pulumi.ResourceOptions(depends_on=after)))
+            elif kind == "RoleBinding":
+                role = [roles[obj["roleRef"]["name"]]] if obj["roleRef"]["name"] in roles else []
+                RoleBinding(res_name, metadata=_meta(obj), role_ref=obj["roleRef"], subjects=obj["subjects"],
+                            opts=pulumi.ResourceOptions.merge(k8s, pulumi.ResourceOptions(depends_on=[*after, *role])))
             elif obj["apiVersion"].startswith("kueue.x-k8s.io/"):
                 crd_opts = pulumi.ResourceOptions.merge(k8s, pulumi.ResourceOptions(depends_on=[*kueue, *after]))
                 if "spec" in obj:

@@ -342,20 +342,46 @@ def _split(expr: str, ways: int) -> str:
     return f"{expr} / {ways}" if ways > 1 else expr
 
 
-def pool_pending_workloads_expr(pool: ResolvedPool, queues: list[str], reach: dict[str, list[ResolvedPool]]) -> str:
+def queue_namespaces(fleet: ResolvedFleet) -> dict[str, str]:
+    """Kueue ClusterQueue -> the namespace of its tenant (whose LocalQueue is the only one that reaches it)."""
+    return {f"{QUEUE_PREFIX}{t.name}": t.namespace for t in fleet.tenants}
+
+
+PENDING_PODS = '(max by (namespace, pod) (kube_pod_status_phase{phase="Pending"}) == 1)'
+
+
+def _waiting_for(namespace: str, pool: ResolvedPool) -> str:
+    """1 where a pod of the namespace waits unplaced (Pending, no node: Kueue's gate holds it, or the scheduler has
+    not placed it) asking for a resource the pool advertises, else 0."""
+    requests = (f'kube_pod_container_resource_requests{{namespace="{namespace}", node="", '
+                f'resource=~"{alternatives(_pool_resources(pool))}"}}')
+    return f"((count({requests} and on (namespace, pod) {PENDING_PODS}) > bool 0) or vector(0))"
+
+
+def pool_pending_workloads_expr(pool: ResolvedPool, queues: list[str], reach: dict[str, list[ResolvedPool]],
+                                namespaces: dict[str, str] | None = None) -> str:
     """Pending Kueue demand of the queues that reach a pool, counted once over the pools. Kueue does not say which
     flavor a pending workload waits for, only (with metrics.enableClusterQueueResources, Kueue 0.18 and later) its
     queue's pending requests per resource: those of each resource the pool advertises are split evenly over the
     pools the queue reaches that advertise it; a queue that has them, but none for what the pool advertises, adds 0
-    here (its work waits for resources other pools have); a queue without any has its pending workloads split
-    evenly over every pool it reaches."""
+    here (its work waits for resources other pools have). A queue without any (Kueue without that setting) has its
+    pending workloads attributed by what its tenant's waiting pods ask for (`namespaces`: queue -> namespace): split
+    evenly over the pools it reaches that advertise a resource one of them requests, 0 on a pool that advertises
+    none (a Kueue-gated pod names its GPU resource; a suspended Job has no pods yet); with no such pod, over every
+    pool it reaches."""
     parts = []
     for q in queues:
         by_resource = [_split(f'sum(kueue_cluster_queue_resource_pending{{cluster_queue="{q}", resource="{res}"}})',
                               sum(1 for p in reach[q] if res in p.totals.advertised))
                        for res in sorted(pool.totals.advertised)]
         elsewhere = f'0 * count(kueue_cluster_queue_resource_pending{{cluster_queue="{q}"}})'
-        workloads = _split(f'sum(kueue_pending_workloads{{cluster_queue="{q}"}})', len(reach[q]))
+        pending = f'sum(kueue_pending_workloads{{cluster_queue="{q}"}})'
+        workloads = _split(pending, len(reach[q]))
+        namespace = (namespaces or {}).get(q)
+        if namespace is not None and len(reach[q]) > 1:
+            wanted = " + ".join(_waiting_for(namespace, p) for p in reach[q])
+            workloads = (f"({pending} * {_waiting_for(namespace, pool)} / (({wanted}) > 0))\n"
+                         f"  or ({workloads})")
         parts.append(f"(\n  {sum_present(by_resource)}\n) or ({elsewhere}) or ({workloads})")
     return sum_present(parts)
 
@@ -482,7 +508,8 @@ histogram_quantile(0.9, sum by (tenant, le) (
     for pool, queues in by_pool.items():
         selector = f'cluster_queue=~"{alternatives(queues)}"'
         rules.append(_record("gpushare:pool_pending_workloads:sum",
-                             pool_pending_workloads_expr(next(p for p in pools if p.name == pool), queues, reach),
+                             pool_pending_workloads_expr(next(p for p in pools if p.name == pool), queues, reach,
+                                                         queue_namespaces(fleet)),
                              {"pool": pool}))
         rules.append(_record("gpushare:pool_admission_wait_seconds:p90", f"""
 histogram_quantile(0.9, sum by (le) (rate(kueue_admission_wait_time_seconds_bucket{{{selector}}}[{WAIT_WINDOW}])))""",

@@ -20,10 +20,18 @@ def write_if_differs(path, data, mode=0o644):
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpushare.")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        # A full disk or a failed rename leaves neither a half-written file nor the temporary one behind.
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return True
 
 

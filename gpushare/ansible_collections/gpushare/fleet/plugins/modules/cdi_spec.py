@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpushare.fleet.plugins.module_utils.files import (
     control_character,
@@ -11,6 +13,7 @@ from ansible_collections.gpushare.fleet.plugins.module_utils.files import (
     refuse_control_characters,
     write_if_differs,
 )
+from ansible_collections.gpushare.fleet.plugins.module_utils.state import this_host
 
 DOCUMENTATION = r"""
 module: cdi_spec
@@ -21,6 +24,7 @@ description:
     file copy (each a task result the controller pays for, per host).
   - Refuses, before anything is written, options and a generated spec that hold a control character (below 0x20
     or 0x7f; in the spec, other than newlines and tabs), which could start a line of their own in the YAML.
+  - Refuses, before nvidia-ctk runs, a O(path) that is a directory or lies under something that is not one.
 options:
   path:
     description: Where the spec goes.
@@ -45,6 +49,11 @@ def main():
     )
     refuse_control_characters(module, ("path", "nvidia_ctk"), "the CDI spec's path and program")
     path = module.params["path"]
+    unusable = _unusable_path(path)
+    if unusable:
+        module.fail_json(msg=f"host {this_host()}: option path {path} {unusable}; nothing was written (fix: give "
+                         "path the spec's file name, e.g. /var/run/cdi/nvidia.yaml, in a directory CDI reads)",
+                         path=path)
     ctk = module.get_bin_path(module.params["nvidia_ctk"], required=True)
     rc, out, err = module.run_command([ctk, "--quiet", "cdi", "generate"])
     if rc != 0 or not out.strip():
@@ -58,8 +67,25 @@ def main():
                          "characters other than newlines and tabs; nothing was written (fix: run `nvidia-ctk cdi "
                          "generate` on the host and check what else prints to its standard output)")
     content = text.encode()
-    changed = differs(path, content) if module.check_mode else write_if_differs(path, content)
+    try:
+        changed = differs(path, content) if module.check_mode else write_if_differs(path, content)
+    except OSError as exc:
+        module.fail_json(msg=f"host {this_host()}: option path {path}: cannot write the CDI spec: "
+                         f"{exc.strerror or exc}; the file was left as it was (fix: free space, or give path a "
+                         "writable file)", path=path)
     module.exit_json(changed=changed, path=path)
+
+
+def _unusable_path(path):
+    """Why `path` cannot be the spec's file (a directory, or under a file), or None."""
+    if os.path.isdir(path):
+        return "is a directory, not the spec's file"
+    parent = os.path.dirname(path)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        return f"lies under {parent}, which is a file, not a directory"
+    return None
 
 
 if __name__ == "__main__":

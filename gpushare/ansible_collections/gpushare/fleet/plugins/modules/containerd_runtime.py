@@ -14,6 +14,7 @@ import tomllib
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpushare.fleet.plugins.module_utils.files import refuse_control_characters
+from ansible_collections.gpushare.fleet.plugins.module_utils.state import this_host
 
 DOCUMENTATION = r"""
 module: containerd_runtime
@@ -30,7 +31,9 @@ description:
   - Adds the drop-in to C(imports) of the main config when it is not imported yet.
   - Returns C(changed) when a file was (or in check mode would be) written; containerd then needs a restart.
   - Refuses, before anything is run or written, options that hold a control character (below 0x20, or 0x7f; in
-    O(content), other than newlines and tabs) and O(content) that is not TOML.
+    O(content), other than newlines and tabs) and O(content) that is not TOML; and before anything is written, a
+    O(config_path) or O(dropin_path) that is a directory, not UTF-8, or (the main config) not TOML. Each fails the
+    task naming the host, the option, the file and the line, and leaves every file as it was.
 options:
   content:
     description: The rendered drop-in (TOML).
@@ -203,10 +206,14 @@ class Containerd:
         return int(match.group(1)), int(match.group(2))
 
     def dump(self, config_path):
-        rc, out, err = self.module.run_command([self.binary, "--config", config_path, "config", "dump"])
+        cmd = [self.binary, "--config", config_path, "config", "dump"]
+        rc, out, err = self.module.run_command(cmd)
         if rc != 0:
-            self.module.fail_json(msg=f"containerd config dump failed for {config_path}: {err.strip()}")
-        return tomllib.loads(out)
+            self.module.fail_json(msg=f"host {this_host()}: containerd config dump failed for {config_path}: "
+                                  f"{err.strip()}; nothing was written")
+        return _toml(self.module, out, f"the output of `{' '.join(cmd)}`",
+                     "run the command on the host: containerd prints its effective config as TOML; a wrapper or "
+                     "a containerd that does not is not supported")
 
 
 def expanded_imports(config, config_dir):
@@ -252,16 +259,16 @@ def main():
     # The drop-in's text and the paths written into the main config's imports (and the files' names).
     refuse_control_characters(module, ("content", "dropin_path", "config_path", "containerd", "runtime_name"),
                               "containerd's drop-in and config values", allow={"content": "\n\t"})
-    rendered = _toml(module, p["content"], "content")
+    rendered = _toml(module, p["content"], "option content",
+                     "give the drop-in gpushare rendered (the role's nvidia_container_toolkit_containerd_dropin)")
     containerd = Containerd(module)
     major, minor = containerd.version()
     cri_plugins = set(rendered.get("plugins", {}))
 
-    config_text = ""
-    if os.path.exists(p["config_path"]):
-        with open(p["config_path"]) as handle:
-            config_text = handle.read()
-    config = _toml(module, config_text, p["config_path"]) if config_text.strip() else {
+    config_text = _read_text(module, p["config_path"], "config_path")
+    config = _toml(module, config_text, f"option config_path: {p['config_path']}",
+                   "repair the file so containerd reads it (`containerd config dump` shows where it stops), or "
+                   "restore the host's packaged config") if config_text.strip() else {
         "version": rendered.get("version", 2)}
     config_dir = os.path.dirname(p["config_path"])
     others = [i for i in expanded_imports(config, config_dir) if i != p["dropin_path"]]
@@ -297,10 +304,7 @@ def main():
         module.fail_json(msg=f"the drop-in adds no {p['runtime_name']} runtime to containerd's effective config",
                          differences=shown)
 
-    current_dropin = None
-    if os.path.exists(p["dropin_path"]):
-        with open(p["dropin_path"]) as handle:
-            current_dropin = handle.read()
+    current_dropin = _read_text(module, p["dropin_path"], "dropin_path", missing=None)
     imported = p["dropin_path"] in expanded_imports(config, config_dir)
     new_config_text = config_text if imported else add_import(config_text, p["dropin_path"],
                                                               rendered.get("version", 2))
@@ -322,12 +326,36 @@ def main():
                      dropin=dropin_text, diff={"before": current_dropin or "", "after": dropin_text})
 
 
-def _toml(module, text, what):
+def _toml(module, text, what, fix):
+    """`text` read as TOML; the task fails naming the host, `what` it is and the line where it stops."""
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        module.fail_json(msg=f"{what} is not TOML: {err}; nothing was written (fix: give the drop-in gpushare "
-                         "rendered, or repair the file)")
+    except (tomllib.TOMLDecodeError, RecursionError) as err:
+        module.fail_json(msg=f"host {this_host()}: {what} is not TOML: {err}; nothing was written (fix: {fix})")
+
+
+def _read_text(module, path, option, missing=""):
+    """The text of the file at `path` (the option `option` names it); `missing` where there is none. The task
+    fails, before anything is written, where it is a directory or other non-file, unreadable or not UTF-8."""
+    if not os.path.lexists(path):
+        return missing
+    if os.path.isdir(path) or (os.path.exists(path) and not os.path.isfile(path)):
+        kind = "a directory" if os.path.isdir(path) else "not a regular file"
+        module.fail_json(msg=f"host {this_host()}: option {option}: {path} is {kind}; nothing was written (fix: "
+                         f"give {option} the file's own path, or move what is there aside)")
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as err:
+        module.fail_json(msg=f"host {this_host()}: option {option}: cannot read {path}: {err.strerror or err}; "
+                         "nothing was written (fix: check the path and its permissions)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        module.fail_json(msg=f"host {this_host()}: option {option}: {path}:{line}: not UTF-8: byte "
+                         f"0x{raw[err.start]:02x} at offset {err.start}; containerd reads TOML as UTF-8; nothing "
+                         "was written (fix: save the file as UTF-8)")
 
 
 def _has_runtime(config, plugins, runtime):

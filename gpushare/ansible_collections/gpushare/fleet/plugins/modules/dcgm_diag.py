@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpushare.fleet.plugins.module_utils.state import update_state
+from ansible_collections.gpushare.fleet.plugins.module_utils.state import StateFileError, this_host, update_state
 
 DOCUMENTATION = r"""
 module: dcgm_diag
@@ -47,30 +47,62 @@ dcgmi_rc:
 """
 
 
+_KINDS = {str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null",
+          dict: "an object", list: "a list"}
+
+
+def _kind(value):
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def _objects(value, field, default_empty=True):
+    """`value` as a list of JSON objects (a missing field is an empty list); ValueError naming `field` else."""
+    if value is None and default_empty:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"field {field} is {_kind(value)} ({json.dumps(value)[:60]}), not a list of objects")
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ValueError(f"field {field}[{index}] is {_kind(item)} ({json.dumps(item)[:60]}), not an object")
+    return value
+
+
 def parse(text):
-    """(passed, failures, tests) from dcgmi's JSON; raises ValueError when it is not a diagnostic report."""
-    data = json.loads(text[text.index("{"):text.rindex("}") + 1])
-    root = data.get("DCGM Diagnostic") or data.get("DCGM GPU Diagnostic")
+    """(passed, failures, tests) from dcgmi's JSON; raises ValueError naming the field when it is not a
+    diagnostic report of DCGM's layout."""
+    try:
+        data = json.loads(text[text.index("{"):text.rindex("}") + 1])
+    except ValueError as exc:
+        raise ValueError(f"the output is not JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError("the output is not JSON (nested too deeply)") from None
+    key = "DCGM Diagnostic" if "DCGM Diagnostic" in data else "DCGM GPU Diagnostic"
+    root = data.get(key)
     if not isinstance(root, dict):
         raise ValueError("no 'DCGM Diagnostic' object in dcgmi's output")
     if root.get("runtime_error"):
         raise ValueError("dcgmi reported a runtime error: {}".format(root["runtime_error"]))
     failures, tests = [], []
-    for category in root.get("test_categories", []):
-        for test in category.get("tests", []):
-            name = test.get("name", "?")
-            results = test.get("results", [])
-            summary = (test.get("test_summary") or {}).get("status")
+    for c, category in enumerate(_objects(root.get("test_categories"), f"'{key}'.test_categories")):
+        where = f"'{key}'.test_categories[{c}]"
+        for t, test in enumerate(_objects(category.get("tests"), f"{where}.tests")):
+            name = str(test.get("name", "?"))
+            results = _objects(test.get("results"), f"{where}.tests[{t}].results")
+            test_summary = test.get("test_summary") or {}
+            if not isinstance(test_summary, dict):
+                raise ValueError(f"field {where}.tests[{t}].test_summary is {_kind(test_summary)}, not an object")
+            summary = test_summary.get("status")
             statuses = [str(r.get("status", "")) for r in results] or ([summary] if summary else [])
             tests.append({"category": category.get("category"), "name": name,
                           "status": "Fail" if "Fail" in statuses or summary == "Fail" else (summary or "Pass")})
-            for result in results:
+            for r, result in enumerate(results):
                 if result.get("status") == "Fail":
-                    warnings = [w.get("warning", "") for w in result.get("warnings", [])]
+                    warnings = _objects(result.get("warnings"), f"{where}.tests[{t}].results[{r}].warnings")
                     failures.append({"category": category.get("category"), "test": name,
                                      "entity": "{} {}".format(result.get("entity_group", "GPU"),
                                                           result.get("entity_id", result.get("gpu_ids"))),
-                                     "warning": "; ".join(w for w in warnings if w)})
+                                     "warning": "; ".join(str(w.get("warning", "")) for w in warnings
+                                                          if w.get("warning"))})
             if summary == "Fail" and not any(f["test"] == name for f in failures):
                 failures.append({"category": category.get("category"), "test": name, "entity": "all",
                                  "warning": ""})
@@ -88,14 +120,21 @@ def main():
     try:
         passed, failures, tests = parse(out)
     except ValueError as exc:
-        module.fail_json(msg=f"dcgmi diag gave no usable report (rc {rc}): {exc}; stderr: {err.strip()}",
+        module.fail_json(msg=f"host {this_host()}: `{' '.join(cmd)}` gave no usable report (rc {rc}): {exc}; "
+                         f"nothing was recorded; stderr: {err.strip()[:500]} (fix: run the command on the host; "
+                         "DCGM 4 prints a 'DCGM Diagnostic' object whose test_categories, tests and results are "
+                         "lists of objects: check that dcgmi and nv-hostengine are DCGM 4's)",
                          cmd=cmd)
     # Not `rc`: Ansible fails any task whose result has a non-zero rc, and a failing diagnostic is a result here
     # (the role cordons the node and fails the host with the failures named).
     changed = False
     if module.params["state_path"]:
         record = {"dcgm_diag": "passed" if passed else "failed", "dcgm_failures": failures}
-        changed = update_state(module.params["state_path"], record, module.check_mode)[0]
+        try:
+            changed = update_state(module.params["state_path"], record, module.check_mode)[0]
+        except StateFileError as exc:
+            module.fail_json(msg=f"{exc}; the diagnostic {'passed' if passed else 'failed'} but was not recorded",
+                             passed=passed, failures=failures, tests=tests, dcgmi_rc=rc)
     module.exit_json(changed=changed, passed=passed, failures=failures, tests=tests, dcgmi_rc=rc)
 
 

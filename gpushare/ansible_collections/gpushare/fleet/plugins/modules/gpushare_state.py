@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpushare.fleet.plugins.module_utils.state import DEFAULT_PATH, update_state
+from ansible_collections.gpushare.fleet.plugins.module_utils.state import DEFAULT_PATH, StateFileError, update_state
 
 DOCUMENTATION = r"""
 module: gpushare_state
@@ -14,6 +14,8 @@ description:
     (C(success) or C(failed)), the GPU processes that blocked a change, whether gpushare cordoned the node, and the
     last DCGM diagnostic verdict. Verification and rollouts read it.
   - Keys given in O(update) replace those in the file; the file is written only when something differs.
+  - A file that is there but is not a JSON object (not JSON, a JSON list, a directory, not UTF-8) fails the task
+    naming the host, the file and what is wrong, and is left as it is (writing over it would lose its record).
 options:
   path:
     description: State file.
@@ -38,7 +40,10 @@ def main():
                        "update": {"type": "dict"}},
         supports_check_mode=True,
     )
-    changed, before, after = update_state(module.params["path"], module.params["update"], module.check_mode)
+    try:
+        changed, before, after = update_state(module.params["path"], module.params["update"], module.check_mode)
+    except StateFileError as err:
+        module.fail_json(msg=str(err), path=module.params["path"])
     module.exit_json(changed=changed, state=after, diff={"before": before, "after": after})
 
 

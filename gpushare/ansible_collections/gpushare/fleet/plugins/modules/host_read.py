@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpushare.fleet.plugins.module_utils.state import read_state
+from ansible_collections.gpushare.fleet.plugins.module_utils.state import StateFileError, read_state
 
 DOCUMENTATION = r"""
 module: host_read
@@ -44,7 +44,8 @@ options:
     default: []
   state_path:
     description: gpushare's state file (see M(gpushare.fleet.gpushare_state)); its object is reported as C(state),
-      empty when the file is absent.
+      empty when the file is absent. A file that is there but is not a JSON object fails the task, naming the host,
+      the file and what is wrong.
     type: path
 """
 
@@ -120,7 +121,10 @@ def main():
         result["commands"][name] = run(module, argv)
     result["paths"] = {path: os.path.exists(path) for path in p["paths"]}
     if p["state_path"]:
-        result["state"] = read_state(p["state_path"])
+        try:
+            result["state"] = read_state(p["state_path"])
+        except StateFileError as err:
+            module.fail_json(msg=str(err), path=p["state_path"])
     module.exit_json(**result)
 
 

@@ -100,8 +100,43 @@ class Kubectl:
             self.commands.append(" ".join(cmd))
         return out
 
+    def json(self, *args, node):
+        """kubectl's JSON answer to `args`, an object; the task fails naming the node, the command and the field
+        where kubectl printed something else (a proxy's HTML page, a plugin's text, another shape)."""
+        out = self.run(*args)
+        shown = " ".join(self.base + list(args))
+        try:
+            data = json.loads(out)
+        except (ValueError, RecursionError) as exc:
+            self.refuse(node, shown, f"printed something that is not JSON ({exc}): {out.strip()[:200]!r}")
+        if not isinstance(data, dict):
+            self.refuse(node, shown, f"printed {_kind(data)} at the top level, not an object")
+        return data
+
     def node(self, name):
-        return json.loads(self.run("get", "node", name, "-o", "json"))
+        data = self.json("get", "node", name, "-o", "json", node=name)
+        shown = " ".join(self.base + ["get", "node", name, "-o", "json"])
+        for field, value, want in (("metadata", data.get("metadata"), dict), ("spec", data.get("spec"), dict),
+                                   ("metadata.labels", (data.get("metadata") or {}).get("labels"), dict),
+                                   ("spec.unschedulable", (data.get("spec") or {}).get("unschedulable"), bool)):
+            if value is not None and not isinstance(value, want):
+                self.refuse(name, shown, f"field {field} is {_kind(value)}, not {_kind(want())}")
+        return data
+
+    def refuse(self, node, command, problem):
+        done = "; ".join(self.commands) or "none"
+        self.module.fail_json(msg=f"node {node}: `{command}` {problem}; stopped there (kubectl commands that "
+                              f"changed the node before: {done}) (fix: run the command by hand and check that "
+                              "kubectl, the kubeconfig and its context reach the Kubernetes API server and that "
+                              "no plugin, wrapper or proxy prints other output)", commands=self.commands)
+
+
+_KINDS = {str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null",
+          dict: "an object", list: "a list"}
+
+
+def _kind(value):
+    return _KINDS.get(type(value), type(value).__name__)
 
 
 def gpu_pods(pods, prefix):
@@ -148,8 +183,8 @@ def main():
     # (each kubectl call is a process on the controller, per host).
     evict_only = p["drain"] and p["drain_mode"] == "evict" and not p["labels"] and p["schedulable"] is None
     node = {} if evict_only else kubectl.node(name)
-    labels = dict(node.get("metadata", {}).get("labels", {}) or {})
-    unschedulable = bool(node.get("spec", {}).get("unschedulable", False))
+    labels = dict((node.get("metadata") or {}).get("labels") or {})
+    unschedulable = bool((node.get("spec") or {}).get("unschedulable", False))
     changed = False
 
     if evict_only:
@@ -192,8 +227,12 @@ def wait_for_gpu_pods(module, kubectl, name):
     p = module.params
     deadline = time.monotonic() + p["drain_timeout"]
     while True:
-        pods = json.loads(kubectl.run("get", "pods", "--all-namespaces", "--field-selector",
-                                      f"spec.nodeName={name}", "-o", "json"))
+        pods = kubectl.json("get", "pods", "--all-namespaces", "--field-selector", f"spec.nodeName={name}", "-o",
+                            "json", node=name)
+        items = pods.get("items") or []
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            kubectl.refuse(name, f"kubectl get pods --field-selector spec.nodeName={name} -o json",
+                            "printed a field items that is not a list of objects")
         busy = gpu_pods(pods, p["gpu_resource_prefix"])
         if not busy:
             return
