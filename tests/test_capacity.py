@@ -67,7 +67,7 @@ def backfilled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     backfill(_no_pool_label(end - NO_POOL_LABEL_AGO), work, data)
     backfill(_fqdn_hostname(end - FQDN_HOSTNAME_AGO), work, data)
     backfill(_mig_only_demand(end - MIG_ONLY_DEMAND_AGO), work, data)
-    backfill(_gated_demand(end - GATED_DEMAND_AGO), work, data)
+    backfill(_mig_only_demand(end - GATED_DEMAND_AGO, gated=True), work, data)
     return data, end
 
 
@@ -93,10 +93,16 @@ def _shared_demand(end: int) -> Scenario:
     ])
 
 
-def _mig_only_demand(end: int) -> Scenario:
+def _mig_only_demand(end: int, gated: bool = False) -> Scenario:
     """mig-idle's 3g.40gb instances saturated and two workloads in tenant-llm's queue waiting 40 minutes for 3g.40gb
     instances (Kueue's pending requests per resource say so); with llm_reaching_shared_pools, the same queue also
-    reaches the two time-sliced pools, which are moderately busy and have no waiting work of their own."""
+    reaches the two time-sliced pools, which are moderately busy and have no waiting work of their own.
+
+    `gated`: the same from a Kueue without metrics.enableClusterQueueResources: the queue says only that two workloads
+    wait (no pending requests per resource), and its two pods wait behind Kueue's scheduling gate asking for
+    mig-3g.40gb, which only mig-idle advertises."""
+    waiting: dict[str, Any] = ({"gated": ("nvidia_com_mig_3g_40gb", 2)} if gated
+                               else {"pending_resources": {"nvidia.com/mig-3g.40gb": 2}})
     return Scenario(start=end - 2 * 3600, end=end, pools=[
         PoolLoad("ts-underused", "NVIDIA L40S", 46068, {"under-1": 2, "under-2": 2}, "inference", util=0.5,
                  replicas=2, pod_memory_mib=4096, resource="nvidia_com_gpu_shared"),
@@ -105,23 +111,7 @@ def _mig_only_demand(end: int) -> Scenario:
         PoolLoad("mig-idle", "NVIDIA H100 80GB HBM3", 81559, {"mig-1": 2, "mig-2": 2}, "llm", util=0.5,
                  swing=0.01, mig={"4g.40gb": (1, 40448), "3g.40gb": (1, 40448)}, pod_memory_mib=3072,
                  mig_util={"3g.40gb": 0.99, "4g.40gb": 0.5}, queue="tenant-llm", pending=2, wait_seconds=2400,
-                 pending_resources={"nvidia.com/mig-3g.40gb": 2}),
-    ])
-
-
-def _gated_demand(end: int) -> Scenario:
-    """As _mig_only_demand, from a Kueue without metrics.enableClusterQueueResources: tenant-llm's queue says only
-    that two workloads wait (no pending requests per resource), and its two pods wait behind Kueue's scheduling gate
-    asking for mig-3g.40gb, which only mig-idle advertises."""
-    return Scenario(start=end - 2 * 3600, end=end, pools=[
-        PoolLoad("ts-underused", "NVIDIA L40S", 46068, {"under-1": 2, "under-2": 2}, "inference", util=0.5,
-                 replicas=2, pod_memory_mib=4096, resource="nvidia_com_gpu_shared"),
-        PoolLoad("ts-membound", "NVIDIA L40S", 46068, {"membound-1": 4}, "inference", util=0.5, replicas=2,
-                 pod_memory_mib=4096, resource="nvidia_com_gpu_shared"),
-        PoolLoad("mig-idle", "NVIDIA H100 80GB HBM3", 81559, {"mig-1": 2, "mig-2": 2}, "llm", util=0.5,
-                 swing=0.01, mig={"4g.40gb": (1, 40448), "3g.40gb": (1, 40448)}, pod_memory_mib=3072,
-                 mig_util={"3g.40gb": 0.99, "4g.40gb": 0.5}, queue="tenant-llm", pending=2, wait_seconds=2400,
-                 gated=("nvidia_com_mig_3g_40gb", 2)),
+                 **waiting),
     ])
 
 

@@ -189,6 +189,33 @@ _STR = r'"((?:[^"\\]|\\.)*)"'
 _REPLACE = re.compile(rf",\s*{_STR}\s*,\s*{_STR}\s*,\s*{_STR}\s*,\s*{_STR}\s*\)")
 
 
+def _argument(expr: str, start: int) -> str | None:
+    """The balanced parenthesised text starting at `start` (after spaces), or None where none starts there."""
+    i = start
+    while i < len(expr) and expr[i].isspace():
+        i += 1
+    if i >= len(expr) or expr[i] != "(":
+        return None
+    depth = 0
+    for j in range(i, len(expr)):
+        depth += {"(": 1, ")": -1}.get(expr[j], 0)
+        if depth == 0:
+            return expr[i:j + 1]
+    return None
+
+
+def _kueue_groupings(expr: str) -> list[str]:
+    """The label lists of the `by`/`without` clauses whose aggregation reads a Kueue series: `max by (namespace,
+    pod) (kube_pod_status_phase)` beside a Kueue metric groups kube-state-metrics' labels, not Kueue's. A clause
+    written after its argument (`sum(x) by (l)`) is taken to read whatever the expression reads."""
+    out = []
+    for m in _BY.finditer(expr):
+        argument = _argument(expr, m.end())
+        if argument is None or _SELECTOR.search(argument):
+            out.append(m.group(1))
+    return out
+
+
 def kueue_uses(expr: str) -> list[tuple[str, str, str, str]]:
     """(metric, label, operator, value) for every label a Kueue series is selected or grouped by in `expr`
     (operator "" for a grouping or label_replace source label, which must exist whatever its value)."""
@@ -202,7 +229,7 @@ def kueue_uses(expr: str) -> list[tuple[str, str, str, str]]:
         replaced = _REPLACE.findall(expr)
         made = {dst for dst, _, _, _ in replaced}
         sources = {src for _, _, src, _ in replaced if src}
-        grouped = {g.strip() for group in _BY.findall(expr) for g in group.split(",") if g.strip()}
+        grouped = {g.strip() for group in _kueue_groupings(expr) for g in group.split(",") if g.strip()}
         names = {n for n, _ in selectors}
         for label in sources | (grouped - made - {"pool"}):  # `pool` comes from gpushare's own recorded series
             out.extend((name, label, "", "") for name in names if not name.endswith(("_sum", "_count"))
