@@ -81,9 +81,16 @@ def _is_environment(path: Path) -> bool:
     return isinstance(data, dict) and {"name", "clusters", "pools"} <= set(data)
 
 
+def _renders_for_nvidias_programs(path: Path) -> bool:
+    """An environment with a device-plugin cluster: one whose clusters all allocate through DRA (the DRA driver's
+    tests' tests/cluster/dra-partitionable.yaml) renders no device-plugin config and no MIG layout to parse."""
+    data = yaml.safe_load(path.read_text()) or {}
+    return any(c.get("gpu_allocation", "device-plugin") == "device-plugin" for c in data.get("clusters") or [])
+
+
 def environment_files() -> list[Path]:
     found = {p for pattern in ENVIRONMENT_GLOBS for p in ROOT.glob(pattern) if "/roles/" not in p.as_posix()}
-    return sorted(p for p in found if _is_environment(p))
+    return sorted(p for p in found if _is_environment(p) and _renders_for_nvidias_programs(p))
 
 
 ENVIRONMENT_FILES = environment_files()

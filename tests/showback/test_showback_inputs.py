@@ -130,8 +130,8 @@ class _Prometheus:
 
     physical: dict[str, float] = {}
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, timeout: float | None = None) -> None:
+        self.url, self.timeout = url, timeout
 
     def query(self, name: str, expr: str, at: float) -> list[dict[str, Any]]:
         if name != "physical GPUs":
