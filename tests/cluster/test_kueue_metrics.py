@@ -113,6 +113,13 @@ def watched(queues: Callable[..., Queues], tmp_path_factory: pytest.TempPathFact
     with prometheus_server(work / "data", work, (rules,), scrape_configs=scrape, evaluation_interval="1s") as url:
         w = Watched(q, url, fleet, guardrails)
         eventually(lambda: w.query('up{job="kueue"} == 1'), what="Prometheus scraping Kueue")
+        # Kueue exports a ClusterQueue's series once its cache holds the queue, which can be seconds after its first
+        # scrape on a busy machine: the scenario starts once the series the absence alert reads have been scraped
+        # and that alert has had an evaluation to see them.
+        eventually(lambda: w.query('kueue_pending_workloads{cluster_queue=~"tenant-.+"}'), timeout=120,
+                   what="Kueue's series for the tenants' cluster queues")
+        eventually(lambda: not [a for a in w.alerts() if a["labels"]["alertname"] == "GpushareKueueMetricsAbsent"],
+                   timeout=60, what="GpushareKueueMetricsAbsent inactive")
         try:
             _scenario(w)
             yield w
