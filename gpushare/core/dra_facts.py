@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpushare.core import spec
+from gpushare.core import kubeversions, spec
 from gpushare.core.files import load_yaml_file
 from gpushare.core.paths import package_data_path
 
@@ -166,9 +166,9 @@ def profile_gates(kind: str, mig_mode: str = "static") -> set[str]:
 
 # Kubernetes gates the driver's features rest on: without them the API server drops the fields (capacity,
 # allowMultipleAllocations, shared counters) and claims silently take whole devices. name -> first minor where on
-# by default (both beta from 1.36: gpushare.core.kubeversions).
-KUBERNETES_GATES: dict[str, tuple[int, ...] | None] = {"DRAConsumableCapacity": (1, 36),
-                                                       "DRAPartitionableDevices": (1, 36)}
+# by default, from the per-minor table in gpushare.core.kubeversions.
+KUBERNETES_GATES: dict[str, tuple[int, ...] | None] = {
+    g: kubeversions.DRA_DEFAULT_ON[g] for g in ("DRAConsumableCapacity", "DRAPartitionableDevices")}
 
 
 def kubernetes_gates_needed(kind: str, mig_mode: str, kubernetes_minor: tuple[int, ...]) -> set[str]:
