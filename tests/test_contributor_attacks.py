@@ -16,7 +16,7 @@ from gpushare.core.files import parse_yaml
 from gpushare.core.guardrails import load_guardrails
 from gpushare.core.resolve import resolve
 from gpushare.core.spec import address_key, load_profile_file, version_tuple
-from gpushare.policy.rules import load_waivers
+from gpushare.policy.waivers import load_waivers
 from tests.conftest import ENVIRONMENTS, PROFILES, WORKSPACE, host_named, pool_named, tenant_named
 
 DEV_TEXT = (ENVIRONMENTS / "dev.yaml").read_text()
@@ -310,7 +310,8 @@ def test_a_stack_whose_environment_is_linked_out_of_the_workspace_is_refused(wor
 def test_check_judges_the_file_the_stack_deploys(workspace: Path) -> None:
     import shutil
 
-    from gpushare.policy.rules import RULES, context_for
+    from gpushare.policy.context import context_for
+    from gpushare.policy.rules import RULES
 
     identity = RULES["environment-identity"]
     assert identity.run(context_for("dev")) == []  # the neighbour: the stack deploys environments/dev.yaml
@@ -438,7 +439,8 @@ def test_the_base_guardrails_are_read_through_links_in_the_tree(repository: Path
 
 
 def deployer_violations(deployer: dict[str, Any] | None) -> list[str]:
-    from gpushare.policy.rules import RULES, Context
+    from gpushare.policy.registry import Context
+    from gpushare.policy.rules import RULES
 
     config = {} if deployer is None else {"gpushare:deployer": deployer}
     ctx = Context(fleet=resolve(ENVIRONMENTS / "dev.yaml", PROFILES), guardrails=load_guardrails(GUARDRAILS),
@@ -487,7 +489,8 @@ RENAMES = "operator-values-keep-resource-names"
 
 
 def renaming(site: dict[str, Any] | None = None, plan: list[Any] | None = None) -> list[str]:
-    from gpushare.policy.rules import RULES, Context
+    from gpushare.policy.registry import Context
+    from gpushare.policy.rules import RULES
 
     config = {} if site is None else {"gpushare:operatorValues": site}
     ctx = Context(fleet=resolve(ENVIRONMENTS / "dev.yaml", PROFILES), guardrails=load_guardrails(GUARDRAILS),

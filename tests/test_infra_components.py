@@ -16,10 +16,10 @@ import yaml
 
 from gpushare.core import spec
 from gpushare.core.errors import GpushareError
+from gpushare.core.nvidia.operator import effective_device_plugin_env, gpu_operator_chart_values
 from gpushare.core.resolve import resolve, resolve_env
 from gpushare.ops.preview import Plan, PlannedResource, collect_plan
 from gpushare.policy.device_plugin import settings_problems
-from gpushare.policy.rules import effective_device_plugin_env, gpu_operator_chart_values
 from gpushare.program.components import operator_values as ov
 from gpushare.render.fleet import render_fleet
 from tests.conftest import ENVIRONMENTS, PROFILES, ROOT, WORKSPACE, pool_named
@@ -120,7 +120,8 @@ MIXED_PROGRAM = textwrap.dedent('''
     sys.path.insert(0, {root!r})
     import pulumi
     from gpushare.core.guardrails import load_guardrails
-    from gpushare.core.resolve import DEVICE_PLUGIN_CONFIG_LABEL, Label, resolve
+    from gpushare.core.labels import DEVICE_PLUGIN_CONFIG_LABEL, Label
+    from gpushare.core.resolve import resolve
     from gpushare.program.program import plan_cluster, register_cluster
     from gpushare.program.stack_config import load_stack_config
 

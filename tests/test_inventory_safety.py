@@ -24,8 +24,9 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from gpushare.cli import app
+from gpushare.core.loading import format_path
 from gpushare.core.resolve import resolve
-from gpushare.core.spec import Environment, format_path
+from gpushare.core.spec import Environment
 from gpushare.ops.inventory import build_inventory
 from tests.conftest import PROFILES, ROOT, WORKSPACE
 

@@ -17,16 +17,12 @@ from typer.testing import CliRunner
 from gpushare.cli import app
 from gpushare.core.errors import GpushareError
 from gpushare.core.guardrails import load_guardrails
+from gpushare.core.nvidia.operator import effective_device_list_strategy
 from gpushare.core.resolve import resolve, resolve_env
-from gpushare.policy.rules import (
-    RULES,
-    Context,
-    PlanResource,
-    Violation,
-    effective_device_list_strategy,
-    evaluate,
-    load_waivers,
-)
+from gpushare.policy.evaluate import evaluate
+from gpushare.policy.registry import Context, PlanResource, Violation
+from gpushare.policy.rules import RULES
+from gpushare.policy.waivers import load_waivers
 from tests.conftest import PROFILES, ROOT, WORKSPACE, pool_named, tenant_named
 
 TODAY = date(2026, 11, 30)
@@ -229,7 +225,7 @@ def test_waivers_naming_the_old_quota_rule_id_still_work(tmp_path: Path, dev_dat
     report = evaluate(context(write_env, dev_data), waivers, TODAY, file, rules=rules)
     assert [v.level for v in report.violations] == ["mandatory"] and report.waived == []
     # non_waivable may name the old id too.
-    from gpushare.policy.rules import load_checked_guardrails
+    from gpushare.policy.context import load_checked_guardrails
 
     data = yaml.safe_load((WORKSPACE / "policies" / "guardrails.yaml").read_text())
     data["environments"]["dev"]["non_waivable"] = ["tenant-quota-above-capacity"]

@@ -21,8 +21,11 @@ from pulumi_policy.proxy import UNKNOWN_OBJECT_VALUE, UNKNOWN_STRING_VALUE, unkn
 from gpushare.core.guardrails import load_guardrails
 from gpushare.core.resolve import resolve
 from gpushare.ops.preview import collect_plan
+from gpushare.policy.evaluate import evaluate
 from gpushare.policy.pack import policies, run_pack, stack_of
-from gpushare.policy.rules import RULES, Context, PlanResource, Waiver, evaluate
+from gpushare.policy.registry import Context, PlanResource
+from gpushare.policy.rules import RULES
+from gpushare.policy.waivers import Waiver
 from tests.conftest import PROFILES, ROOT, pool_named, tenant_named
 
 TODAY = date(2026, 11, 30)

@@ -9,16 +9,9 @@ import pytest
 import yaml
 
 from gpushare.core.catalog import load_catalog
+from gpushare.core.labels import DEVICE_PLUGIN_CONFIG_LABEL, MIG_CONFIG_LABEL, OPERATOR_MIG_CONFIG_LABEL
 from gpushare.core.mig import check_layout, layout_from_counts
-from gpushare.core.resolve import (
-    DEVICE_PLUGIN_CONFIG_LABEL,
-    MIG_CONFIG_LABEL,
-    OPERATOR_MIG_CONFIG_LABEL,
-    SHARED_GPU_TAINT,
-    generic_layout,
-    resolve,
-    resolve_env,
-)
+from gpushare.core.resolve import SHARED_GPU_TAINT, generic_layout, resolve, resolve_env
 from tests.conftest import PROFILES, ROOT, cluster_named
 
 

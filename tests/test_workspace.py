@@ -25,7 +25,7 @@ from gpushare.core.paths import (
 )
 from gpushare.core.spec import load_environment, load_profile_file
 from gpushare.planner.demand import load_demand
-from gpushare.policy.rules import load_waivers
+from gpushare.policy.waivers import load_waivers
 from tests.conftest import ROOT, WORKSPACE
 
 runner = CliRunner()

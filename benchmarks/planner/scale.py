@@ -25,9 +25,9 @@ SHAPES = [(18, 0.25, "online"), (9, 0.1, "online"), (36, 0.4, "online"), (8, 0.1
 
 
 def one(total: int) -> dict[str, float]:
-    from gpushare.planner import solve
     from gpushare.planner.demand import Demand
     from gpushare.planner.pack import plan_demand
+    from gpushare.planner.solve import rounding as solve
 
     spent = {"first_fit": 0.0}
     real = solve.pack_kinds

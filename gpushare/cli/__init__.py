@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> Any:
 def _internal(what: str, args: list[str], as_json: bool) -> int:
     import shlex
 
-    from gpushare.core.errors import printable
+    from gpushare.core.errors import EXCERPT_CHARS, printable
 
-    first = what.splitlines()[0][:300] if what else "unknown"
+    first = what.splitlines()[0][:EXCERPT_CHARS] if what else "unknown"
     line = (f"gpushare: internal error ({first}); this is a bug in gpushare, not in your input. Report it with "
             f"the output of: GPUSHARE_DEBUG=1 gpushare {shlex.join(args)}")
     line = printable(line)  # the arguments as typed: a control character in one must not reach the terminal

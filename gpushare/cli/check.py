@@ -14,7 +14,9 @@ from gpushare.core.errors import GpushareError, Problem
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from gpushare.policy.rules import Context, Report, Waiver
+    from gpushare.policy.evaluate import Report
+    from gpushare.policy.registry import Context
+    from gpushare.policy.waivers import Waiver
 
 
 def check_command(
@@ -34,7 +36,10 @@ def check_command(
     """Run every guardrail rule; exit 1 if a mandatory rule is violated."""
     from gpushare.cli.common import fail
     from gpushare.ops.preview import plan_resources
-    from gpushare.policy.rules import RULES, context_for, evaluate, load_waivers
+    from gpushare.policy.context import context_for
+    from gpushare.policy.evaluate import evaluate
+    from gpushare.policy.rules import RULES
+    from gpushare.policy.waivers import load_waivers
 
     try:
         when = date.fromisoformat(today) if today else date.today()

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def _offline_plan(promotion: Promotion) -> tuple[list[Any] | None, str]:
     """The Pulumi program's offline plan of the proposed target (the target's stack, reading the proposed file)."""
     from gpushare.ops.preview import collect_plan, stack_config
-    from gpushare.policy.rules import PlanResource
+    from gpushare.policy.registry import PlanResource
 
     target = promotion.target.environment
     try:

@@ -15,7 +15,7 @@ import typer
 from gpushare.cli.common import TimeoutOption, finite
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.ops.rollout.batches import DEFAULT_BATCHES
-from gpushare.ops.timeouts import AWX_JOB_TIMEOUT, DEFAULT_TIMEOUT, MAX_AWX_JOB_TIMEOUT
+from gpushare.ops.timeouts import AWX_JOB_TIMEOUT, DEFAULT_TIMEOUT, GATE_TIMEOUT, MAX_AWX_JOB_TIMEOUT
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -50,7 +50,7 @@ def rollout_command(
     forks: Annotated[int, typer.Option("--forks", min=1, help="Ansible forks per batch.")] = 10,
     gate_timeout: Annotated[float, typer.Option("--gate-timeout", min=0, max=86_400, callback=finite,
                                                 help="Seconds to wait for the device plugin to advertise a node's "
-                                                     "resources.")] = 300.0,
+                                                     "resources.")] = GATE_TIMEOUT,
     waivers: Annotated[Path | None, typer.Option("--waivers", help="Waivers file for the check "
                                                  "(default policies/waivers.yaml).")] = None,
     accept_drift: Annotated[bool, typer.Option("--accept-drift", help="Start although the hosts show drift the "
@@ -190,7 +190,9 @@ def _refuse_on_impact(env: str, fleet: ResolvedFleet, kubeconfig: Path) -> None:
 def _check(env: str, waivers: Path | None, as_json: bool, refuse: bool) -> None:
     """`gpushare check` (with the offline plan): a rollout of a failing environment refuses to start."""
     from gpushare.ops.preview import plan_resources
-    from gpushare.policy.rules import context_for, evaluate, load_waivers
+    from gpushare.policy.context import context_for
+    from gpushare.policy.evaluate import evaluate
+    from gpushare.policy.waivers import load_waivers
 
     ctx = context_for(env, plan_resources(env))
     waiver_list, waiver_file = load_waivers(waivers)

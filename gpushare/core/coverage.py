@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+STEP_SLACK = 1e-6  # seconds: float steps may land the last evaluation time this little past `end`
+
 
 def duration_text(seconds: float) -> str:
     """Seconds, minutes, hours or days, whichever reads best ("40 min", "2 d"; never "0.0 d")."""
@@ -49,7 +51,7 @@ def coverage_gaps(present: list[float], start: float, end: float, step: int) -> 
     gaps: list[Gap] = []
     run_start: float | None = None
     t = start
-    while t <= end + 1e-6:
+    while t <= end + STEP_SLACK:
         if round(t) not in seen and run_start is None:
             run_start = t
         elif round(t) in seen and run_start is not None:

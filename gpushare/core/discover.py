@@ -1,15 +1,15 @@
-"""Read the NVIDIA GPUs of this host through NVML and match each to the catalog; read-only, sets nothing."""
+"""Read the NVIDIA GPUs of this host through NVML and match each to the catalog; read-only, sets nothing.
+
+MIG mode and GPU instances are read by the Ansible collection's NVML reader (plugins/module_utils/nvml.py, which its
+gpu_facts module runs on hosts without gpushare): one reading of NVML's answers and errors for both."""
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
+from gpushare.ansible_collections.gpushare.fleet.plugins.module_utils import nvml as nvml_read
 from gpushare.core.catalog import GpuModel, load_catalog, normalise_pci_id
 from gpushare.core.errors import GpushareError, Problem
-
-NVML_DEVICE_MIG_ENABLE = 1  # nvml.h: the value nvmlDeviceGetMigMode reports for "enabled"
-
 
 _NO_DRIVER_FIX = ("run discover on a GPU host with the NVIDIA driver loaded (`nvidia-smi` answers); CI machines "
                   "without a GPU cannot discover")
@@ -77,16 +77,7 @@ def _read_gpu(nvml: Any, index: int) -> dict[str, Any]:
     name = _text(nvml.nvmlDeviceGetName(handle))
     pci_device_id = normalise_pci_id(int(nvml.nvmlDeviceGetPciInfo(handle).pciDeviceId))
     model, reason = match_model(name, pci_device_id)
-    mig: dict[str, Any]
-    try:
-        current, pending = nvml.nvmlDeviceGetMigMode(handle)
-        mig = {
-            "capable": True,
-            "current": "enabled" if current == NVML_DEVICE_MIG_ENABLE else "disabled",
-            "pending": "enabled" if pending == NVML_DEVICE_MIG_ENABLE else "disabled",
-        }
-    except nvml.NVMLError_NotSupported:
-        mig = {"capable": False, "current": None, "pending": None}
+    mig: dict[str, Any] = nvml_read.mig_mode(nvml, handle)
     instances = _gpu_instances(nvml, handle, model) if mig["current"] == "enabled" else []
     return {
         "index": index,
@@ -102,27 +93,15 @@ def _read_gpu(nvml: Any, index: int) -> dict[str, Any]:
 
 
 def _gpu_instances(nvml: Any, handle: Any, model: GpuModel | None) -> list[dict[str, Any]]:
+    """The GPU instances by start, each profile named as the catalog names it (else as NVML does)."""
     names = {p.id: p.name for p in model.profiles.values()} if model else {}
-    found = []
-    for profile_index in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
-        try:
-            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index, 1)
-        except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
-            continue  # this GPU has no profile at that index
-        if not info.instanceCount:
-            continue
-        handles = (nvml.c_nvmlGpuInstance_t * info.instanceCount)()
-        count = ctypes.c_uint(0)
-        nvml.nvmlDeviceGetGpuInstances(handle, info.id, handles, ctypes.byref(count))
-        for i in range(count.value):
-            gi = nvml.nvmlGpuInstanceGetInfo(handles[i])
-            found.append(
-                {
-                    "gpu_instance_id": int(gi.id),
-                    "profile_id": int(gi.profileId),
-                    "profile": names.get(int(gi.profileId), f"profile id {gi.profileId}"),
-                    "start": int(gi.placement.start),
-                    "size": int(gi.placement.size),
-                }
-            )
-    return sorted(found, key=lambda instance: instance["start"])
+    return [
+        {
+            "gpu_instance_id": gi["id"],
+            "profile_id": gi["profile_id"],
+            "profile": names.get(gi["profile_id"]) or gi["profile"] or f"profile id {gi['profile_id']}",
+            "start": gi["start"],
+            "size": gi["size"],
+        }
+        for gi in nvml_read.gpu_instances(nvml, handle)
+    ]

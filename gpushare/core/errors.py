@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+# Characters of a server's answer, an exception's text or a path quoted in a message: enough to recognise it, and a
+# message stays a few lines however long (or hostile) what it quotes.
+EXCERPT_CHARS = 300
 # What a terminal acts on instead of showing: C0 controls (ESC starts an escape sequence that can recolour, move the
 # cursor, set the window title or hide text; CR rewrites the line), DEL, C1 controls (0x9b is a one-byte CSI), and
 # Unicode's bidirectional overrides and isolates, which reorder what is shown ("Trojan Source").

@@ -1,5 +1,6 @@
 """Every file gpushare reads or writes goes through here: one loader for the user's YAML files (environments,
-profiles, guardrails, waivers, demand, stack settings) and atomic writers for everything it produces.
+profiles, guardrails, waivers, demand, stack settings), one writer for the YAML it produces for people (rendered
+files, preview manifests, imported environments, plans) and atomic writers for everything it produces.
 
 Reading: regular files only (a directory, FIFO or device is refused without opening it, so nothing blocks), at
 most MAX_BYTES, UTF-8 with the offending byte named. YAML is read without surprises: `no`, `on`, `2026-02-30` and
@@ -36,7 +37,7 @@ from typing import Any
 import yaml
 from yaml.composer import Composer
 
-from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.errors import EXCERPT_CHARS, GpushareError, Problem
 
 MAX_BYTES = 4 * 1024 * 1024  # the largest environment shipped is ~6 KB; a 4 MiB limit leaves room for any fleet
 MAX_INT_DIGITS = 18  # every count, quota and id fits; a longer number is a typo or an attack
@@ -356,6 +357,33 @@ def load_yaml_documents(path: Path, what: str = "file", limit: int = MAX_BYTES) 
     return parse_yaml_documents(read_text(path, what, limit), str(path))
 
 
+# ---------------------------------------------------------------- writing YAML
+
+# The line length of the repository's yamllint and ruff. PyYAML's width is where it starts looking for a space to
+# break a long plain or quoted scalar at, so a line ends with the word that crosses it; literal blocks never break.
+YAML_WIDTH = 120
+
+
+class _YamlDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """Safe dumping (libyaml where present) that writes a multi-line string as a literal block (`|`), so a rendered
+    config in a ConfigMap or a PromQL expression reads in the file, and in a diff, as it was written."""
+
+
+def _represent_str(dumper: Any, value: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_YamlDumper.add_representer(str, _represent_str)
+
+
+def yaml_text(data: Any) -> str:
+    """The one form of the YAML gpushare writes for people: block style, keys in the order given (never sorted),
+    multi-line strings as literal blocks, non-ASCII text as it is (UTF-8, not escapes), scalars broken at
+    YAML_WIDTH. Ends with a newline. (A file patched in place keeps its own layout: gpushare.ops.patch.)"""
+    return yaml.dump(data, Dumper=_YamlDumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                     width=YAML_WIDTH)
+
+
 # ---------------------------------------------------------------- checking output paths
 
 
@@ -385,7 +413,7 @@ def check_name_length(path: Path, option: str) -> None:
             shown = part if len(part) <= 40 else f"{part[:20]}...({len(part)} characters)"
             raise GpushareError(Problem(f"{option}: the name {shown!r} is longer than this file system takes beside "
                                         f"the temporary name of an atomic write ({limit - _TEMP_NAME_ROOM} bytes)",
-                                        file=str(path)[:300], fix="choose a shorter name"), exit_code=2)
+                                        file=str(path)[:EXCERPT_CHARS], fix="choose a shorter name"), exit_code=2)
 
 
 def _check_output(out: Path, inputs: Iterable[Path], option: str, want_dir: bool) -> None:

@@ -9,13 +9,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.loading import Strict, invalid, load_model
 from gpushare.core.paths import check_inside_workspace, project_root
-from gpushare.core.spec import (
-    VERSION_PATTERN,
-    Strict,
-    load_model,
-    version_tuple,
-)
+from gpushare.core.spec import VERSION_PATTERN, version_tuple
 
 Version = Annotated[str, Field(pattern=VERSION_PATTERN)]
 
@@ -52,8 +48,6 @@ class ToolkitPolicy(Strict):
     @classmethod
     def _one_form_each(cls, value: Any) -> Any:
         # One clear message instead of pydantic's per-union-member errors.
-        from gpushare.core.spec import invalid
-
         for key, want in (value.items() if isinstance(value, dict) else []):
             prefix = want.get("prefix") if isinstance(want, dict) else None
             if not isinstance(want, bool) and not (isinstance(want, dict) and set(want) == {"prefix"}
@@ -66,8 +60,6 @@ class ToolkitPolicy(Strict):
     def _floor_covers_every_fix(self) -> ToolkitPolicy:
         newest = max((version_tuple(f.fixed_in) for f in self.fixes), default=())
         if version_tuple(self.min_version) < newest:
-            from gpushare.core.spec import invalid
-
             raise invalid(f"min_version {self.min_version} is below a listed fix ({'.'.join(map(str, newest))})",
                           "raise min_version to the newest fixed_in")
         return self
@@ -103,8 +95,6 @@ class TenancyPolicy(Strict):
 
     @model_validator(mode="after")
     def _online_above_batch(self) -> TenancyPolicy:
-        from gpushare.core.spec import invalid
-
         classes = self.priority_classes
         if set(classes) != {"online", "batch"}:
             raise invalid("tenancy.priority_classes needs online and batch", "define both")
@@ -173,8 +163,6 @@ class CapacityPolicy(Strict):
 
     @model_validator(mode="after")
     def _target_below_peak(self) -> CapacityPolicy:
-        from gpushare.core.spec import invalid
-
         if self.target_utilization > self.max_p95_utilization:
             raise invalid("capacity.target_utilization is above capacity.max_p95_utilization",
                           "a mean cannot exceed the 95th percentile it sits under: lower target_utilization")
@@ -200,8 +188,6 @@ class PromotionPolicy(Strict):
 
     @model_validator(mode="after")
     def _reachable(self) -> PromotionPolicy:
-        from gpushare.core.spec import invalid
-
         if self.utilization_baseline * self.min_utilization_uplift > 1:
             raise invalid(f"promotion.utilization_baseline x min_utilization_uplift is "
                           f"{self.utilization_baseline * self.min_utilization_uplift:.2f}, above 1: no pool can pass",
@@ -248,8 +234,6 @@ class Guardrails(Strict):
 
     @model_validator(mode="after")
     def _classes_cover_limits(self) -> Guardrails:
-        from gpushare.core.spec import invalid
-
         names = [c.name for c in self.memory_classes]
         bounds = [c.max_gib for c in self.memory_classes]
         if bounds != sorted(bounds) or len(set(bounds)) != len(bounds):

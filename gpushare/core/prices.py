@@ -12,8 +12,8 @@ from pydantic import Field
 
 from gpushare.core.catalog import load_catalog
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.loading import Located, Strict, load_model
 from gpushare.core.paths import project_root
-from gpushare.core.spec import Located, Strict, load_model
 
 # Finite and below a million per GPU-hour (list prices are single digits): `.inf` would print as Infinity, which
 # is not JSON.

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from gpushare.core import dra_facts as dra  # the DRA vocabulary; gpushare.core.dra compiles the resolved fleet
 from gpushare.core import kubeversions, spec
@@ -19,26 +19,14 @@ from gpushare.core.catalog import GpuModel, load_catalog
 from gpushare.core.cloud_pools import CloudPool
 from gpushare.core.cloud_pools import refusals as cloud_refusals
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.labels import Label, ManagedBy, Owner, config_labels, identity_labels
+from gpushare.core.loading import Located
 from gpushare.core.mig import check_layout, layout_counts, layout_from_counts, parse_layout
 from gpushare.core.paths import default_profiles_dir, environment_path
 
-Owner = Literal["pulumi", "ansible"]
-
-DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
-OPERATOR_MIG_CONFIG_LABEL = "nvidia.com/mig.config"
-MIG_CONFIG_LABEL = "gpushare.io/mig-config"
-MIG_STATE_LABEL = "gpushare.io/mig-config.state"
-# Set by Ansible with the other labels it owns, after its toolkit role installed this version: evidence for promotion.
-TOOLKIT_VERSION_LABEL = "gpushare.io/toolkit-version"
 MIG_DISABLED = "all-disabled"
 # GKE's own plugin advertises shared and whole GPUs alike as nvidia.com/gpu: only trusted tenants tolerate this.
 SHARED_GPU_TAINT = spec.Taint(key="gpushare.io/shared-gpu", value="true", effect="NoSchedule")
-
-
-@dataclass(frozen=True)
-class Label:
-    value: str
-    owner: Owner
 
 
 @dataclass
@@ -47,7 +35,7 @@ class ResolvedNode:
     pool: str
     cluster: str
     cluster_kind: str
-    managed_by: Literal["ansible", "gpu-operator", "gke"]
+    managed_by: ManagedBy
     address: str | None
     count: int  # 1 for a bare-metal host; the node count of a cloud node pool
     gpu_model: GpuModel
@@ -144,7 +132,7 @@ class ResolvedFleet:
     environment: str
     source: Path
     env: spec.Environment
-    profiles: dict[str, Any]
+    profiles: dict[str, Any]  # name -> spec.SharingProfile
     clusters: dict[str, spec.Cluster]
     pools: list[ResolvedPool]
     tenants: list[ResolvedTenant]
@@ -202,8 +190,25 @@ def _node_dict(n: ResolvedNode) -> dict[str, Any]:
 # ---------------------------------------------------------------- resolution
 
 
+@dataclass(frozen=True)
+class _NodeSource:
+    """What the environment file says of one node: a bare-metal host, or a cloud pool's nodes (`count` alike)."""
+
+    name: str
+    address: str | None
+    count: int
+    gpus: int
+    gpu_model: str  # as written: an NVML name, alias, slug or PCI id
+    gpu_model_loc: tuple[Any, ...]
+    driver: int
+    profile: str
+    profile_loc: tuple[Any, ...]
+    nvswitch: bool
+    containerd: str
+
+
 class _Resolver:
-    def __init__(self, env: spec.Environment, doc: spec.Located, profiles: dict[str, tuple[Any, spec.Located]]):
+    def __init__(self, env: spec.Environment, doc: Located, profiles: dict[str, tuple[spec.SharingProfile, Located]]):
         self.env = env
         self.doc = doc
         self.profiles = profiles
@@ -236,7 +241,7 @@ class _Resolver:
 
     # -- profile -> per-model layout
 
-    def layout_for(self, profile: Any, model: GpuModel, driver: int, loc: tuple[Any, ...]
+    def layout_for(self, profile: spec.SharingProfile, model: GpuModel, driver: int, loc: tuple[Any, ...]
                    ) -> tuple[dict[str, int] | None, bool]:
         key = (profile.name, model.name, driver)
         if key not in self._layout_cache:
@@ -249,7 +254,7 @@ class _Resolver:
                 self.warnings.append(w)
         return layout, not problems
 
-    def _compute_layout(self, profile: Any, model: GpuModel, driver: int
+    def _compute_layout(self, profile: spec.SharingProfile, model: GpuModel, driver: int
                         ) -> tuple[dict[str, int] | None, list[Problem], list[str]]:
         if profile.kind not in ("mig", "mig-time-slicing"):
             return None, [], []
@@ -287,13 +292,14 @@ class _Resolver:
 
     # -- device-plugin and mig-parted configs
 
-    def device_plugin_config(self, profile: Any, cluster: spec.Cluster, layout: dict[str, int] | None) -> str:
+    def device_plugin_config(self, profile: spec.SharingProfile, cluster: spec.Cluster,
+                             layout: dict[str, int] | None) -> str:
         content = device_plugin_content(profile, cluster, layout)
         name = f"{profile.name}-{device_plugin_digest(content)}"
         self.dp_configs.setdefault(name, DevicePluginConfig(name=name, cluster=cluster.name, content=content))
         return name
 
-    def mig_config(self, profile: Any, model: GpuModel, layout: dict[str, int] | None) -> str:
+    def mig_config(self, profile: spec.SharingProfile, model: GpuModel, layout: dict[str, int] | None) -> str:
         if layout is None:
             return MIG_DISABLED
         digest = hashlib.sha256(json.dumps([model.name, sorted(layout.items())]).encode()).hexdigest()[:6]
@@ -390,17 +396,15 @@ class _Resolver:
         if not self.dra_pool_ok(pool, ploc, cluster):
             return None
 
-        nodes: list[ResolvedNode] = []
+        defaults = self.env.defaults
+        found: list[ResolvedNode | None] = []
         if pool.cloud is not None:
             assert pool.gpu_model is not None
-            node = self.node(pool, ploc, cluster, name=f"{pool.name}-node", address=None,
-                             count=pool.cloud.node_count, model_query=pool.gpu_model,
-                             model_loc=(*ploc, "gpu_model"), gpus=pool.cloud.gpus_per_node,
-                             driver=pool.cloud.driver_branch or self.env.defaults.driver_branch,
-                             profile_name=pool.profile, profile_loc=(*ploc, "profile"),
-                             nvswitch=False, containerd=self.env.defaults.containerd_version)
-            if node:
-                nodes.append(node)
+            found.append(self.node(pool, cluster, _NodeSource(
+                name=f"{pool.name}-node", address=None, count=pool.cloud.node_count, gpus=pool.cloud.gpus_per_node,
+                gpu_model=pool.gpu_model, gpu_model_loc=(*ploc, "gpu_model"),
+                driver=pool.cloud.driver_branch or defaults.driver_branch, profile=pool.profile,
+                profile_loc=(*ploc, "profile"), nvswitch=False, containerd=defaults.containerd_version)))
         for hi, host in enumerate(pool.hosts):
             hloc = (*ploc, "hosts", hi)
             query = host.gpu_model or pool.gpu_model
@@ -408,16 +412,13 @@ class _Resolver:
                 self.err((*hloc, "gpu_model"), f"host {host.name!r} has no GPU model",
                          "set gpu_model on the host or on its pool")
                 continue
-            node = self.node(
-                pool, ploc, cluster, name=host.name, address=host.address, count=1, model_query=query,
-                model_loc=(*hloc, "gpu_model") if host.gpu_model else (*ploc, "gpu_model"), gpus=host.gpu_count,
-                driver=host.driver_branch or self.env.defaults.driver_branch,
-                profile_name=host.profile or pool.profile,
-                profile_loc=(*hloc, "profile") if host.profile else (*ploc, "profile"),
-                nvswitch=host.nvswitch, containerd=host.containerd_version or self.env.defaults.containerd_version,
-            )
-            if node:
-                nodes.append(node)
+            found.append(self.node(pool, cluster, _NodeSource(
+                name=host.name, address=host.address, count=1, gpus=host.gpu_count, gpu_model=query,
+                gpu_model_loc=(*hloc, "gpu_model") if host.gpu_model else (*ploc, "gpu_model"),
+                driver=host.driver_branch or defaults.driver_branch, profile=host.profile or pool.profile,
+                profile_loc=(*hloc, "profile") if host.profile else (*ploc, "profile"), nvswitch=host.nvswitch,
+                containerd=host.containerd_version or defaults.containerd_version)))
+        nodes = [node for node in found if node is not None]
         if not nodes:
             return None
         if pool.cloud is not None:  # what GKE or EKS would refuse at `pulumi up`, refused here at its line
@@ -439,82 +440,37 @@ class _Resolver:
             cloud=pool.cloud, nodes=nodes, totals=totals,
         )
 
-    def node(self, pool: spec.Pool, ploc: tuple[Any, ...], cluster: spec.Cluster, *, name: str,
-             address: str | None, count: int, model_query: str, model_loc: tuple[Any, ...], gpus: int,
-             driver: int, profile_name: str, profile_loc: tuple[Any, ...], nvswitch: bool, containerd: str,
-             ) -> ResolvedNode | None:
-        model = self.model(model_query, model_loc)
-        entry = self.profiles.get(profile_name)
+    def node(self, pool: spec.Pool, cluster: spec.Cluster, source: _NodeSource) -> ResolvedNode | None:
+        model = self.model(source.gpu_model, source.gpu_model_loc)
+        entry = self.profiles.get(source.profile)
         if entry is None:
-            self.err(profile_loc, f"unknown sharing profile {profile_name!r}",
-                     f"use one of: {', '.join(sorted(self.profiles))}, or add profiles/{profile_name}.yaml")
+            self.err(source.profile_loc, f"unknown sharing profile {source.profile!r}",
+                     f"use one of: {', '.join(sorted(self.profiles))}, or add profiles/{source.profile}.yaml")
             return None
         if model is None:
             return None
         profile = entry[0]
         kind = profile.kind
-        layout, ok = self.layout_for(profile, model, driver, profile_loc)
+        layout, ok = self.layout_for(profile, model, source.driver, source.profile_loc)
         if not ok:
             return None
 
         gke_managed = pool.cloud is not None and cluster.kind == "gke" and pool.cloud.sharing == "gke-managed"
         on_dra = dra.is_dra(cluster)
-        if on_dra:
-            for message, fix in dra.profile_refusals(kind, dra.driver_version(cluster)):
-                self.err(profile_loc, f"profile {profile_name!r} in DRA cluster {cluster.name!r}: {message}", fix)
-                return None
-        elif kind == "mps" and cluster.mig_strategy == "mixed" and not gke_managed:
-            self.err(profile_loc, f"MPS profile {profile_name!r} in cluster {cluster.name!r}, whose mig_strategy "
-                     "is mixed: the device plugin refuses MPS with the mixed strategy",
-                     "set the cluster's mig_strategy to single, or use time-slicing here")
-            return None
-        if layout is not None and len(layout) > 1 and not on_dra and (cluster.mig_strategy == "single" or gke_managed):
-            why = ("GKE's own sharing takes one partition size per pool" if gke_managed else
-                   f"cluster {cluster.name!r} uses mig_strategy single, which needs one profile per node")
-            self.err(profile_loc, f"profile {profile_name!r} gives {model.name} several MIG profiles "
-                     f"({', '.join(layout)}) but {why}",
-                     "use a single-profile layout (e.g. all-smallest), or sharing: operator with mig_strategy mixed")
+        refusal = _node_refusal(profile, model, layout, cluster, on_dra, gke_managed)
+        if refusal is not None:
+            self.err(source.profile_loc, *refusal)
             return None
 
         per_gpu, units = advertised_per_gpu(profile, layout, cluster, gke_managed)
-        advertised = {k: v * gpus for k, v in per_gpu.items()}
-        managed_by: Literal["ansible", "gpu-operator", "gke"] = (
-            "gke" if gke_managed else "gpu-operator" if pool.cloud is not None else "ansible")
+        managed_by: ManagedBy = "gke" if gke_managed else "gpu-operator" if pool.cloud is not None else "ansible"
         # Dynamic MIG: the DRA driver creates instances per claim, so mig-parted must leave the GPU alone.
         mig_config = self.mig_config(profile, model, layout) if model.mig_capable and (
             not on_dra or pool.mig_mode == "static") else None
         dp_config = None if gke_managed or on_dra else self.device_plugin_config(profile, cluster, layout)
-
-        env_name = self.env.name
-        labels: dict[str, Label] = {
-            "gpushare.io/environment": Label(env_name, "pulumi"),
-            "gpushare.io/pool": Label(pool.name, "pulumi"),
-            "gpushare.io/profile": Label(profile.name, "pulumi"),
-            "gpushare.io/sharing": Label(kind, "pulumi"),
-            "gpushare.io/isolation": Label(spec.ISOLATION[kind], "pulumi"),
-            "gpushare.io/gpu-model": Label(model.slug, "pulumi"),
-        }
-        for key, value in pool.labels.items():
-            labels[key] = Label(value, "pulumi")
-        if managed_by == "ansible":
-            if dp_config:
-                labels[DEVICE_PLUGIN_CONFIG_LABEL] = Label(dp_config, "ansible")
-            if mig_config:
-                labels[MIG_CONFIG_LABEL] = Label(mig_config, "ansible")
-                labels[MIG_STATE_LABEL] = Label("success", "ansible")
-            labels[TOOLKIT_VERSION_LABEL] = Label(self.env.defaults.toolkit_version, "ansible")
-        elif managed_by == "gpu-operator":
-            if dp_config:
-                labels[DEVICE_PLUGIN_CONFIG_LABEL] = Label(dp_config, "pulumi")
-            if mig_config:
-                labels[OPERATOR_MIG_CONFIG_LABEL] = Label(mig_config, "pulumi")
-            if cluster.kind == "gke":
-                labels["gke-no-default-nvidia-gpu-device-plugin"] = Label("true", "pulumi")
-            else:  # EKS NVIDIA AMIs bring their own driver and toolkit
-                labels["nvidia.com/gpu.deploy.driver"] = Label("false", "pulumi")
-                labels["nvidia.com/gpu.deploy.container-toolkit"] = Label("false", "pulumi")
-        else:
-            labels["nvidia.com/gpu.deploy.operands"] = Label("false", "pulumi")
+        toolkit = self.env.defaults.toolkit_version
+        labels = {**identity_labels(self.env.name, pool, profile.name, kind, model.slug),
+                  **config_labels(managed_by, cluster.kind, dp_config, mig_config, toolkit)}
 
         taints = list(pool.taints)
         # Every node whose GPUs are shared without hardware isolation is tainted, so that only pods tolerating it
@@ -522,17 +478,17 @@ class _Resolver:
         # untrusted tenant's (admission refuses it the toleration), GPU pod or not.
         # An adopted cluster's running pods do not tolerate it yet: it waits for adoption.shared_gpu_taint.
         adoption = self.env.adoption
-        if kind in ("time-slicing", "mps", "mig-time-slicing") and SHARED_GPU_TAINT not in taints \
+        if kind in spec.SHARED_KINDS and SHARED_GPU_TAINT not in taints \
                 and (adoption is None or adoption.shared_gpu_taint):
             taints.append(SHARED_GPU_TAINT)
 
         return ResolvedNode(
-            name=name, pool=pool.name, cluster=cluster.name, cluster_kind=cluster.kind, managed_by=managed_by,
-            address=address, count=count, gpu_model=model, gpus_per_node=gpus, driver_branch=driver,
-            profile=profile.name, sharing=kind, isolation=spec.ISOLATION[kind], mig_layout=layout,
-            mig_config=mig_config, device_plugin_config=dp_config, labels=labels, taints=taints,
-            advertised=advertised, hardware_units=units * gpus, nvswitch=nvswitch,
-            containerd_version=containerd, toolkit_version=self.env.defaults.toolkit_version,
+            name=source.name, pool=pool.name, cluster=cluster.name, cluster_kind=cluster.kind, managed_by=managed_by,
+            address=source.address, count=source.count, gpu_model=model, gpus_per_node=source.gpus,
+            driver_branch=source.driver, profile=profile.name, sharing=kind, isolation=spec.ISOLATION[kind],
+            mig_layout=layout, mig_config=mig_config, device_plugin_config=dp_config, labels=labels, taints=taints,
+            advertised={k: v * source.gpus for k, v in per_gpu.items()}, hardware_units=units * source.gpus,
+            nvswitch=source.nvswitch, containerd_version=source.containerd, toolkit_version=toolkit,
         )
 
     def dra_pool_ok(self, pool: spec.Pool, ploc: tuple[Any, ...], cluster: spec.Cluster) -> bool:
@@ -616,7 +572,7 @@ class _Resolver:
                      f"turn {gate} on in the cluster's API server, scheduler and kubelets and add it to the cluster's "
                      "dra.kubernetes_feature_gates, or put the pool on a device-plugin cluster")
 
-    def cluster_profiles(self, cluster: spec.Cluster) -> list[tuple[int, str, Any]]:
+    def cluster_profiles(self, cluster: spec.Cluster) -> list[tuple[int, str, spec.SharingProfile]]:
         """(pool index, profile name, profile) for every profile the cluster's pools and hosts name, in file order."""
         out = []
         for pi, p in enumerate(self.env.pools):
@@ -655,7 +611,7 @@ class _Resolver:
         """The driver publishes one consumable-shares count per cluster: its time-slicing profiles must agree."""
         first: tuple[int, str] | None = None
         for pi, name, profile in self.cluster_profiles(cluster):
-            if profile.kind not in dra.TIME_SLICED:
+            if not isinstance(profile, (spec.TimeSlicingProfile, spec.MigTimeSlicingProfile)):  # dra.TIME_SLICED
                 continue
             count = profile.time_slicing.replicas
             if first is None:
@@ -714,6 +670,27 @@ class _Resolver:
         return out
 
 
+def _node_refusal(profile: spec.SharingProfile, model: GpuModel, layout: dict[str, int] | None,
+                 cluster: spec.Cluster, on_dra: bool, gke_managed: bool) -> tuple[str, str] | None:
+    """(message, fix) where the cluster cannot serve the profile on this GPU model; None where it can."""
+    if on_dra:
+        refusals = dra.profile_refusals(profile.kind, dra.driver_version(cluster))
+        if refusals:  # the first: the others follow from it
+            message, fix = refusals[0]
+            return f"profile {profile.name!r} in DRA cluster {cluster.name!r}: {message}", fix
+    elif profile.kind == "mps" and cluster.mig_strategy == "mixed" and not gke_managed:
+        return (f"MPS profile {profile.name!r} in cluster {cluster.name!r}, whose mig_strategy is mixed: the "
+                "device plugin refuses MPS with the mixed strategy",
+                "set the cluster's mig_strategy to single, or use time-slicing here")
+    if layout is not None and len(layout) > 1 and not on_dra and (cluster.mig_strategy == "single" or gke_managed):
+        why = ("GKE's own sharing takes one partition size per pool" if gke_managed else
+               f"cluster {cluster.name!r} uses mig_strategy single, which needs one profile per node")
+        return (f"profile {profile.name!r} gives {model.name} several MIG profiles ({', '.join(layout)}) but "
+                f"{why}", "use a single-profile layout (e.g. all-smallest), or sharing: operator with "
+                "mig_strategy mixed")
+    return None
+
+
 def device_plugin_digest(content: dict[str, Any]) -> str:
     """The content hash that ends a device-plugin config's name: a changed config is a new name."""
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:8]
@@ -762,22 +739,22 @@ def generic_layout(model: GpuModel, form: str) -> dict[str, int]:
     return layout
 
 
-def advertised_per_gpu(profile: Any, layout: dict[str, int] | None, cluster: spec.Cluster, gke_managed: bool
-                       ) -> tuple[dict[str, int], int]:
+def advertised_per_gpu(profile: spec.SharingProfile, layout: dict[str, int] | None, cluster: spec.Cluster,
+                       gke_managed: bool) -> tuple[dict[str, int], int]:
     """Resource names and counts one GPU advertises, exactly as the device plugin names them, and its hardware
     units (a whole GPU or one MIG instance is one unit)."""
-    kind = profile.kind
     if layout is None:
         units = 1
-        if kind == "exclusive":
+        if profile.kind == "exclusive":
             return {"nvidia.com/gpu": 1}, units
-        block = profile.time_slicing if kind == "time-slicing" else profile.mps
+        assert isinstance(profile, (spec.TimeSlicingProfile, spec.MpsProfile)), profile.kind  # MIG has a layout
+        block = profile.time_slicing if profile.kind == "time-slicing" else profile.mps
         shared = block.rename_by_default and not gke_managed
         return {"nvidia.com/gpu.shared" if shared else "nvidia.com/gpu": block.replicas}, units
     units = sum(layout.values())
-    replicas = profile.time_slicing.replicas if kind == "mig-time-slicing" else 1
-    suffix = ".shared" if kind == "mig-time-slicing" and profile.time_slicing.rename_by_default and not gke_managed \
-        else ""
+    ts = profile.time_slicing if profile.kind == "mig-time-slicing" else None
+    replicas = ts.replicas if ts is not None else 1
+    suffix = ".shared" if ts is not None and ts.rename_by_default and not gke_managed else ""
     out: dict[str, int] = {}
     for name, count in layout.items():
         if cluster.mig_strategy == "single" or gke_managed:
@@ -788,7 +765,8 @@ def advertised_per_gpu(profile: Any, layout: dict[str, int] | None, cluster: spe
     return out, units
 
 
-def device_plugin_content(profile: Any, cluster: spec.Cluster, layout: dict[str, int] | None) -> dict[str, Any]:
+def device_plugin_content(profile: spec.SharingProfile, cluster: spec.Cluster, layout: dict[str, int] | None
+                          ) -> dict[str, Any]:
     """The k8s-device-plugin config file (version v1). The GPU Operator overrides migStrategy and the device list
     strategy through env vars; we write the same values it will set so the file never disagrees with them."""
     strategy = ["cdi-annotations", "cdi-cri"] if cluster.cdi else ["volume-mounts"]
@@ -800,8 +778,7 @@ def device_plugin_content(profile: Any, cluster: spec.Cluster, layout: dict[str,
             "plugin": {"deviceListStrategy": strategy, "deviceIDStrategy": "uuid"},
         },
     }
-    kind = profile.kind
-    if kind in ("time-slicing", "mig-time-slicing"):
+    if profile.kind in ("time-slicing", "mig-time-slicing"):
         ts = profile.time_slicing
         if layout is not None and cluster.mig_strategy == "mixed":
             names = [f"nvidia.com/mig-{p.replace('+', '.')}" for p in layout]
@@ -812,7 +789,7 @@ def device_plugin_content(profile: Any, cluster: spec.Cluster, layout: dict[str,
             "failRequestsGreaterThanOne": ts.fail_requests_greater_than_one,
             "resources": [{"name": n, "replicas": ts.replicas} for n in names],
         }}
-    elif kind == "mps":
+    elif profile.kind == "mps":
         content["sharing"] = {"mps": {
             "renameByDefault": profile.mps.rename_by_default,
             "resources": [{"name": "nvidia.com/gpu", "replicas": profile.mps.replicas}],
@@ -820,8 +797,9 @@ def device_plugin_content(profile: Any, cluster: spec.Cluster, layout: dict[str,
     return content
 
 
-def load_profiles(directory: Path, env: spec.Environment, doc: spec.Located) -> dict[str, tuple[Any, spec.Located]]:
-    found: dict[str, tuple[Any, spec.Located]] = {}
+def load_profiles(directory: Path, env: spec.Environment, doc: Located
+                  ) -> dict[str, tuple[spec.SharingProfile, Located]]:
+    found: dict[str, tuple[spec.SharingProfile, Located]] = {}
     problems: list[Problem] = []
     exit_code = 1
     for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
@@ -844,7 +822,7 @@ def load_profiles(directory: Path, env: spec.Environment, doc: spec.Located) -> 
     return found
 
 
-def _check_profile_models(profiles: dict[str, tuple[Any, spec.Located]]) -> None:
+def _check_profile_models(profiles: dict[str, tuple[spec.SharingProfile, Located]]) -> None:
     """Keys of explicit per-model layouts must be GPU models the catalog knows."""
     catalog = load_catalog()
     problems = []

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.core.guardrails import Guardrails
+from gpushare.core.loading import with_header
 from gpushare.core.prices import Prices
-from gpushare.core.spec import PROFILE_ADAPTER, Environment, with_header
+from gpushare.core.spec import PROFILE_ADAPTER, Environment
+from gpushare.core.spec.v1 import patterns
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:
@@ -28,20 +30,18 @@ def json_schemas() -> dict[str, dict[str, Any]]:
 
 # ---------------------------------------------------------------- the field reference in docs/environments.md
 
-REFERENCE_BEGIN = "<!-- field reference: generated from gpushare/core/spec.py by scripts/field_reference.py -->"
+REFERENCE_BEGIN = "<!-- field reference: generated from gpushare/core/spec/v1/ by scripts/field_reference.py -->"
 REFERENCE_END = "<!-- end of the field reference -->"
 
 
 def _pattern_names() -> dict[str, str]:
     """A regex of the schema -> how the reference names it: each TextRule's own wording, and the version patterns."""
-    from gpushare.core import spec
-
-    names = {spec.NAME_PATTERN: "a DNS label", spec.VERSION_PATTERN: "a version, N.N or N.N.N",
-             spec.KUBERNETES_MINOR_PATTERN: "a Kubernetes minor, 1.NN", spec.DRA_DRIVER_VERSION_PATTERN: "a release, "
-             "vN.N.N", spec.FEATURE_GATE_PATTERN: "a feature gate name"}
-    for value in vars(spec).values():
+    names = {patterns.NAME_PATTERN: "a DNS label", patterns.VERSION_PATTERN: "a version, N.N or N.N.N",
+             patterns.KUBERNETES_MINOR_PATTERN: "a Kubernetes minor, 1.NN", patterns.DRA_DRIVER_VERSION_PATTERN:
+             "a release, vN.N.N", patterns.FEATURE_GATE_PATTERN: "a feature gate name"}
+    for value in vars(patterns).values():
         for meta in getattr(value, "__metadata__", ()):
-            if isinstance(meta, spec.TextRule):
+            if isinstance(meta, patterns.TextRule):
                 names.setdefault(meta.pattern, meta.what)
     return names
 

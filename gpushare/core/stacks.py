@@ -12,6 +12,7 @@ from gpushare.core.files import load_yaml_file
 from gpushare.core.paths import check_inside_workspace, lexical_workspace, project_root
 
 ENVIRONMENT_KEY = "gpushare:environment"
+OPERATOR_VALUES_KEY = "gpushare:operatorValues"  # the site's own GPU Operator values, added to gpushare's
 
 
 def environment_file(value: Any, root: Path | None = None) -> Path:

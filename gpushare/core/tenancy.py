@@ -18,9 +18,10 @@ from typing import Any
 from gpushare.core import dra
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import Guardrails
+from gpushare.core.loading import format_path, read_yaml
 from gpushare.core.namespaces import PRIORITY_CLASSES, tenant_namespace_labels
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool, ResolvedTenant
-from gpushare.core.spec import USER_PREFIX, Tenant, format_path, read_yaml
+from gpushare.core.spec import USER_PREFIX, Tenant
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 COHORT = "gpushare"
@@ -57,6 +58,8 @@ DEVELOPER_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale", "statefulsets", "statefulsets/scale",
                                           "replicasets", "replicasets/scale"], "verbs": _WRITE},
     {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": _WRITE},
+    # JobSets, which Kueue's JobSet integration queues as one Workload (the grant is inert where JobSet is absent)
+    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": _WRITE},
     {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": _WRITE},
     {"apiGroups": ["networking.k8s.io"], "resources": ["ingresses"], "verbs": _WRITE},
     # what the namespace holds and why work waits: read only

@@ -22,10 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.files import Unwritable, check_output_dir, make_parents, remove_made
+from gpushare.core.files import Unwritable, check_output_dir, make_parents, remove_made, yaml_text
 from gpushare.core.guardrails import Guardrails, duration_seconds, load_guardrails
 from gpushare.core.resolve import ResolvedFleet, resolve_env
 from gpushare.ops.prometheus import QUERY_SECONDS, Prometheus, read_steps, window_steps
@@ -149,8 +147,8 @@ def _evaluate(rules: list[dict[str, Any]], level: int, interval: str, url: str, 
 def _promtool_pass(rules: list[dict[str, Any]], level: int, interval: str, url: str, start: int, end: int,
                    folder: Path) -> list[Path]:
     rule_file = folder / "rules.yaml"
-    rule_file.write_text(yaml.safe_dump({"groups": [{"name": f"gpushare-level-{level}", "interval": interval,
-                                                     "rules": rules}]}, sort_keys=False))
+    rule_file.write_text(yaml_text({"groups": [{"name": f"gpushare-level-{level}", "interval": interval,
+                                                "rules": rules}]}), encoding="utf-8")
     blocks = folder / "blocks"
     try:
         result = subprocess.run([_promtool(), "tsdb", "create-blocks-from", "rules", f"--start={start}",

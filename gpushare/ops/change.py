@@ -23,17 +23,10 @@ from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import WORKSPACE_MARKER, environment_path, project_root
 from gpushare.core.resolve import ResolvedFleet, ResolvedNode, ResolvedPool
 from gpushare.core.revision import Revision
-from gpushare.policy.rules import (
-    SHARED_KINDS,
-    WAIVER_RULES,
-    Context,
-    Report,
-    Violation,
-    Waiver,
-    context_for,
-    evaluate,
-    load_waivers,
-)
+from gpushare.policy.context import context_for
+from gpushare.policy.evaluate import Report, evaluate
+from gpushare.policy.registry import SHARED_KINDS, Context, Violation
+from gpushare.policy.waivers import WAIVER_RULES, Waiver, load_waivers
 
 # No expiry warning existed before: a waiver that ends within this many days of the day judged (--today) is listed
 # as expiring, so the review that could renew it (or fix what it waives) starts before check fails on it.

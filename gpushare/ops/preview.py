@@ -24,7 +24,7 @@ from gpushare.core import kubeversions
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import package_data_path, project_root
 from gpushare.core.stacks import stack_config
-from gpushare.policy.rules import PlanResource
+from gpushare.policy.registry import PlanResource
 from gpushare.render.fleet import PREVIEW_MARKER
 
 # A preview validates each cluster's objects against the strict schemas of that cluster's kubernetes_version
@@ -490,28 +490,11 @@ def run_preview(env: str, out: Path | None = None, versions: Iterable[str] | Non
     return result
 
 
-class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
-    """libyaml where present; block style, and multi-line strings (rendered configs in ConfigMaps) as literal blocks."""
-
-
-def _str(dumper: Any, value: str) -> yaml.Node:
-    if "\n" in value:
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value)
-
-
-_Dumper.add_representer(str, _str)
-
-
-def to_yaml(data: Any) -> str:
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=120, default_flow_style=False)
-
-
 def write_manifests(plan: Plan, objects: list[KubernetesObject], out: Path) -> list[Path]:
     """Replace DIR/manifests (every Kubernetes object) and DIR/helm-values (each release's values) together, in one
     step as far as a reader can tell (gpushare.core.files.replace_dirs: an interruption or a full disk leaves the
     previous preview whole); anything else in DIR (such as `gpushare render` output) stays."""
-    from gpushare.core.files import complete_swap, replace_dirs, write_file
+    from gpushare.core.files import complete_swap, replace_dirs, write_file, yaml_text
     from gpushare.render.fleet import MARKER as RENDER_MARKER
 
     for part in ("manifests", "helm-values"):
@@ -531,7 +514,7 @@ def write_manifests(plan: Plan, objects: list[KubernetesObject], out: Path) -> l
             target.parent.mkdir(parents=True, exist_ok=True)
             kind = "server-side apply patch" if obj.resource.type.endswith("Patch") else obj.resource.type
             header = f"# {kind} {obj.resource.name}: offline preview of stack {plan.stack}\n"
-            target.write_text(header + to_yaml(obj.body))
+            target.write_text(header + yaml_text(obj.body), encoding="utf-8")
             written.append(out / "manifests" / obj.path)
 
     def helm_values(tmp: Path) -> None:
@@ -541,7 +524,7 @@ def write_manifests(plan: Plan, objects: list[KubernetesObject], out: Path) -> l
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(f"# values of Helm release {r.inputs.get('name')} (chart {r.inputs.get('chart')} "
                               f"{r.inputs.get('version')}): offline preview of stack {plan.stack}\n"
-                              + to_yaml(r.inputs.get("values", {})))
+                              + yaml_text(r.inputs.get("values", {})), encoding="utf-8")
             written.append(out / "helm-values" / rel)
 
     replace_dirs({out / "manifests": manifests, out / "helm-values": helm_values})

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 
-from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.errors import EXCERPT_CHARS, GpushareError, Problem
 from gpushare.core.guardrails import duration_seconds
 from gpushare.ops.http import Aborted, Client, Refused, TimedOut, TooLarge
 from gpushare.ops.timeouts import DEFAULT_TIMEOUT, TIMEOUT_FIX
@@ -189,9 +189,9 @@ class Prometheus:
             detail = str(detail)
             flag = next((flag for flag, marker in SERVER_LIMITS if marker in detail), None)
             if flag is not None:
-                raise ServerLimit(flag, name, f"{self.url}: {detail[:300]}") from None
+                raise ServerLimit(flag, name, f"{self.url}: {detail[:EXCERPT_CHARS]}") from None
             raise GpushareError(Problem(
-                f"Prometheus at {self.url} refused the {name} query: HTTP {exc.code}: {detail[:300]}",
+                f"Prometheus at {self.url} refused the {name} query: HTTP {exc.code}: {detail[:EXCERPT_CHARS]}",
                 fix="check that --prometheus is the Prometheus server's base URL (no /graph or /api path)"),
                 exit_code=2) from None
         except TimedOut as exc:
@@ -210,7 +210,7 @@ class Prometheus:
             raise GpushareError(Problem(f"{self.url} did not answer like a Prometheus API (no JSON)",
                                         fix="point --prometheus at a Prometheus server"), exit_code=2) from None
         if isinstance(doc, dict) and doc.get("status") == "error":
-            raise GpushareError(Problem(f"Prometheus at {self.url}: {str(doc.get('error', doc))[:300]}",
+            raise GpushareError(Problem(f"Prometheus at {self.url}: {str(doc.get('error', doc))[:EXCERPT_CHARS]}",
                                         fix="check the query's series and labels exist on this server"), exit_code=2)
         try:
             data = _Answer.model_validate(doc).data

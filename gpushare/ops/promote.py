@@ -33,18 +33,15 @@ from typing import Any
 from gpushare.core.coverage import coverage_gaps, duration_text, gaps_text, utc
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import Guardrails, duration_seconds, guardrails_path
-from gpushare.core.paths import default_profiles_dir, patch_path
-from gpushare.core.resolve import (
+from gpushare.core.labels import (
     DEVICE_PLUGIN_CONFIG_LABEL,
     MIG_CONFIG_LABEL,
     MIG_STATE_LABEL,
     OPERATOR_MIG_CONFIG_LABEL,
     TOOLKIT_VERSION_LABEL,
-    ResolvedFleet,
-    ResolvedNode,
-    ResolvedPool,
-    resolve,
 )
+from gpushare.core.paths import default_profiles_dir, patch_path
+from gpushare.core.resolve import ResolvedFleet, ResolvedNode, ResolvedPool, resolve
 from gpushare.ops.patch import Proposal, dump_yaml, roundtrip_yaml
 from gpushare.ops.prometheus import Prometheus, finite_times
 from gpushare.render.monitoring import rules as r
@@ -260,6 +257,9 @@ def items(candidate: ResolvedFleet, source: str, step: str) -> list[Item]:
 
 # ---------------------------------------------------------------- run time
 
+# Samples more than this many steps apart have a missing one between them, which ends a continuous run.
+GAP_STEPS = 1.5
+
 
 def continuous_run(times: list[float], at: float, step: int) -> tuple[float, float | None]:
     """(seconds the series has been present without a gap of more than one step up to `at`, when the run started);
@@ -269,7 +269,7 @@ def continuous_run(times: list[float], at: float, step: int) -> tuple[float, flo
         return 0.0, None
     first = present[-1]
     for t in reversed(present[:-1]):
-        if first - t > step * 1.5:
+        if first - t > step * GAP_STEPS:
             break
         first = t
     return at - first, first
@@ -541,12 +541,13 @@ def no_evidence_gates(found: list[Item], source: ResolvedFleet, guardrails: Guar
 
 def guardrails_gate(promotion: Promotion, guardrails: Guardrails, today: date, plan: list[Any] | None,
                     plan_note: str = "") -> Gate:
-    from gpushare.policy import rules as policies
+    from gpushare.policy.evaluate import evaluate
+    from gpushare.policy.registry import Context
+    from gpushare.policy.waivers import load_waivers
 
-    ctx = policies.Context(fleet=promotion.candidate, guardrails=guardrails, plan=plan,
-                           promotion_source=promotion.source)
-    waivers, waivers_file = policies.load_waivers()
-    report = policies.evaluate(ctx, waivers, today, waivers_file)
+    ctx = Context(fleet=promotion.candidate, guardrails=guardrails, plan=plan, promotion_source=promotion.source)
+    waivers, waivers_file = load_waivers()
+    report = evaluate(ctx, waivers, today, waivers_file)
     mandatory = [v for v in report.violations if v.level == "mandatory"]
     notes = [f"{v.rule}: {v.where}: {v.message}" for v in mandatory]
     if report.waived:

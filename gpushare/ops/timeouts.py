@@ -9,3 +9,5 @@ TIMEOUT_FIX = (f"if the server is only slow, raise --timeout (or ${TIMEOUT_ENV})
 # `rollout --awx-job-timeout`: how long a batch's converge or verify job may run on the controller, launch to end
 AWX_JOB_TIMEOUT = 2 * 3600.0
 MAX_AWX_JOB_TIMEOUT = 7 * 86400.0
+# `rollout --gate-timeout`: how long a batch's nodes may take to advertise the resources the fleet expects
+GATE_TIMEOUT = 300.0

@@ -14,7 +14,8 @@ from pydantic import Field, ValidationError, model_validator
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import DEFAULT_CONTEXT_RESERVE_GIB
-from gpushare.core.spec import NAME_PATTERN, Located, Strict, file_body, invalid, read_yaml, validation_problems
+from gpushare.core.loading import Located, Strict, file_body, invalid, read_yaml, validation_problems
+from gpushare.core.spec import NAME_PATTERN
 
 Kind = Literal["online", "batch", "dev"]
 Latency = Literal["high", "medium", "low"]

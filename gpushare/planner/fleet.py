@@ -25,6 +25,7 @@ import numpy as np
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.planner.model import PackProblem, profile_config
 from gpushare.planner.solve import (
+    COST_SLACK,
     ENUMERATION_LIMIT,
     ENUMERATION_TYPES,
     Clock,
@@ -56,6 +57,8 @@ FLEET_NODES = 50
 BOUND_NODES = 500  # for the change bound's MIP over the compact relaxation, on small inputs only
 BOUND_MIP_TYPES = 100  # replica types up to which it runs: at 50 it raised 3 to 4, at 500 it took 11 s for the LP's 3
 COST_NODES = 5  # for the last stage (fewest GPUs in use): the hosts are settled, only idle GPUs are at stake
+ROW_SLACK = 1e-6  # a start meets a row within this: its activity is a float sum
+ROUNDING_SLACK = 1e-6  # an LP bound this little above a whole number counts as it before rounding up
 ConfigKey = tuple[str, str, tuple[tuple[str, int], ...] | None, int]
 
 
@@ -462,7 +465,8 @@ class FleetModel:
             for r, value in self.entries.get(col, ()):
                 activity[r] += value * x[col]
         within = all(x[col] <= ub for col, ub in self.col_upper.items()) and bool(np.all(x >= 0))
-        return within and bool(np.all(activity >= self.row_lower - 1e-6) and np.all(activity <= self.row_upper + 1e-6))
+        return within and bool(np.all(activity >= self.row_lower - ROW_SLACK)
+                               and np.all(activity <= self.row_upper + ROW_SLACK))
 
     def score(self, x: np.ndarray) -> tuple[int, int, float]:
         """(GPUs added, GPUs reconfigured, cost of the GPUs used): the order the stages minimise."""
@@ -511,7 +515,7 @@ class FleetModel:
         if info.primal_solution_status != 2:
             return self.start, bound  # the previous stage's plan still meets every limit set since
         found = np.round(np.array(self.h.getSolution().col_value))
-        if self.start is None or float(cost @ found) < float(cost @ self.start) - 1e-9:
+        if self.start is None or float(cost @ found) < float(cost @ self.start) - COST_SLACK:
             self.start = found
         return self.start, bound
 
@@ -574,7 +578,7 @@ def plan_fleet(problem: PackProblem, hosts: list[FleetHost], addable: dict[str, 
     objective = float(sum(data.configs[g.config].cost for g in gpus))
     if not exhaustive and changed > 0:
         change_bound = bounds.changes(added, changed)
-    lower = host_sum_at_least(classes, change_bound - 1e-6) if changed > 0 else 0
+    lower = host_sum_at_least(classes, change_bound - ROUNDING_SLACK) if changed > 0 else 0
     stats = {"item_types": data.n, "configurations": len(data.configs), "fill_columns": len(model.fills),
              "exhaustive": exhaustive, "stage_mips": model.runs, "seconds": round(clock.elapsed(), 3),
              "cut_by_time_limit": clock.cut}
@@ -640,13 +644,13 @@ class Bounds:
         lp = self._lp()
         lp.limit(lp.add_row, added)
         value = lp.lower(lp.change_costs(), self.clock)
-        if host_sum_at_least(self.args[1], value - 1e-6) < plan:
+        if host_sum_at_least(self.args[1], value - ROUNDING_SLACK) < plan:
             value = max(value, self._mip_bound(added))
-        return host_sum_at_least(self.args[1], value - 1e-6) if math.isfinite(value) else 0
+        return host_sum_at_least(self.args[1], value - ROUNDING_SLACK) if math.isfinite(value) else 0
 
 
 def _rounded(value: float) -> int:
-    return max(0, math.ceil(value - 1e-6)) if math.isfinite(value) else 0
+    return max(0, math.ceil(value - ROUNDING_SLACK)) if math.isfinite(value) else 0
 
 
 def host_sum_at_least(classes: list[HostClass], value: float) -> int:

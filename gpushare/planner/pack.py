@@ -15,8 +15,9 @@ Sharing rules the plan keeps (docs/pack.md, docs/safety-rules.md):
   the environment requires exact ones, and the target cluster's mig_strategy decides between MPS (single) and
   multi-profile MIG layouts (mixed).
 
-The model and the solver live in pack_model.py and pack_solve.py; this module builds the problem from the
-files, checks the plan independently of the solver, and turns it into JSON, tables and an environment section.
+The model and the solver live in planner/model.py and the planner/solve package; this module builds the problem
+from the files, checks the plan independently of the solver, and turns it into JSON, tables and an environment
+section.
 """
 
 from __future__ import annotations
@@ -30,14 +31,19 @@ from typing import Any
 
 from gpushare.core.catalog import Catalog
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.loading import Located
 from gpushare.core.mig import check_layout, layout_from_counts
-from gpushare.core.spec import Located
 from gpushare.planner.demand import Demand, GpuSupply, load_demand
 from gpushare.planner.fleet import FleetChanges, FleetHost, fleet_hosts, no_fleet_error, plan_fleet
 from gpushare.planner.model import EPS, GpuConfig, Limits, PackProblem, UnitKind, build_problem, with_replicas
-from gpushare.planner.solve import Infeasible, Progress, SolveResult, solve
+from gpushare.planner.solve import BOUND_MARGIN, Infeasible, Progress, SolveResult, solve
 
 HOST_GPUS = 8  # GPUs per planned host in --env-out
+MIN_SOLVE_SECONDS = 0.5  # the solve gets at least this long, however little of --time-limit is left
+CHECK_SHARE = 0.03  # the share of --time-limit kept back from the solve for checking the plan and writing it out
+OPTIMAL_SLACK = 1e-6  # a plan this close to its lower bound counts as optimal (the bound is a float LP's)
+# The independent check allows float sums this far past a unit's memory and compute, and past max_oversubscription.
+CAPACITY_SLACK, OVERSUBSCRIPTION_SLACK = 1e-6, 1e-9
 PURPOSE = {"online": "inference", "batch": "batch", "dev": "development"}
 
 
@@ -90,7 +96,7 @@ class PackPlan:
 
     @property
     def optimal(self) -> bool:
-        return self.proven_optimal or self.objective <= self.lower_bound + 1e-6
+        return self.proven_optimal or self.objective <= self.lower_bound + OPTIMAL_SLACK
 
     def utilization(self) -> dict[str, float]:
         workloads = self.demand.workloads
@@ -320,7 +326,7 @@ def plan_demand(demand: Demand, doc: Located | None = None, *, env: str | None =
         supply, addable = replan_supply(supply, hosts)
     problem = build_problem(demand, supply, limits, supply_problem, workload_problem)
     # The solver's phases end by work limits; the time limit is only a guard (what is left covers the checks).
-    budget = max(0.5, time_limit - (time.monotonic() - start) - 0.03 * time_limit)
+    budget = max(MIN_SOLVE_SECONDS, time_limit - (time.monotonic() - start) - CHECK_SHARE * time_limit)
     changes = None
     try:
         if fleet is not None:
@@ -422,7 +428,7 @@ def _plan(problem: PackProblem, result: SolveResult, fewer_replicas: bool = True
         raise RuntimeError("gpushare pack left workload replicas unplaced")
     lower = result.lower_bound
     if problem.demand.objective == "gpus":
-        lower = max(0.0, math.ceil(lower - 1e-6 * max(1.0, abs(lower))))
+        lower = max(0.0, math.ceil(lower - BOUND_MARGIN * max(1.0, abs(lower))))
     else:
         lower = max(0.0, math.floor(lower * 1e6) / 1e6)
     lower = min(lower, result.objective)
@@ -510,9 +516,9 @@ def check_plan(plan: PackPlan) -> list[str]:
             if kind.sharing == "exclusive" and len(unit.replicas) > 1:
                 out.append(f"{where}: an exclusive unit holds {len(unit.replicas)} replicas")
             if kind.sharing == "time-slicing":
-                if memory > kind.memory_gib + 1e-6:
+                if memory > kind.memory_gib + CAPACITY_SLACK:
                     out.append(f"{where}: {memory:g} GiB on {kind.memory_gib:g} GiB")
-                if compute > kind.sum_compute + 1e-6:
+                if compute > kind.sum_compute + CAPACITY_SLACK:
                     out.append(f"{where}: compute {compute:g} above {kind.sum_compute:g}")
         if problem.environment is not None:
             allowed = _allowed(problem)
@@ -531,7 +537,7 @@ def check_plan(plan: PackPlan) -> list[str]:
     if problem.max_oversubscription is not None and plan.gpus:
         advertised = sum(g.config.advertised for g in plan.gpus)
         units = sum(g.config.hardware_units for g in plan.gpus)
-        if advertised > problem.max_oversubscription * units + 1e-9:
+        if advertised > problem.max_oversubscription * units + OVERSUBSCRIPTION_SLACK:
             out.append(f"oversubscription {advertised}/{units} above {problem.max_oversubscription}")
     return out
 
@@ -652,7 +658,7 @@ def env_section(plan: PackPlan) -> dict[str, Any]:
 
 
 def env_section_yaml(plan: PackPlan, demand_file: str | None = None) -> str:
-    import yaml
+    from gpushare.core.files import yaml_text
 
     where = f"environments/{plan.problem.environment}.yaml" if plan.problem.environment else "an environment file"
     header = [
@@ -661,7 +667,7 @@ def env_section_yaml(plan: PackPlan, demand_file: str | None = None) -> str:
         f"# Pools and new profiles to merge into {where}. Host names and addresses are placeholders",
         "# (gpu_count per host follows the plan): replace them with the real hosts before `gpushare validate`.",
     ]
-    return "\n".join(header) + "\n" + yaml.safe_dump(env_section(plan), sort_keys=False, width=120)
+    return "\n".join(header) + "\n" + yaml_text(env_section(plan))
 
 
 # ---------------------------------------------------------------- the fleet patch (--fleet)
@@ -706,7 +712,7 @@ def fleet_patch(plan: PackPlan) -> dict[str, Any]:
 
 
 def fleet_patch_yaml(plan: PackPlan, demand_file: str | None = None) -> str:
-    import yaml
+    from gpushare.core.files import yaml_text
 
     changes = plan.changes
     assert changes is not None
@@ -718,4 +724,4 @@ def fleet_patch_yaml(plan: PackPlan, demand_file: str | None = None) -> str:
         f"# Review, then apply to environments/{env}.yaml: set each listed host's profile (add `profile:` to the "
         "host), add the profiles, and merge the pools (their hosts are placeholders).",
     ]
-    return "\n".join(header) + "\n" + yaml.safe_dump(fleet_patch(plan), sort_keys=False, width=120)
+    return "\n".join(header) + "\n" + yaml_text(fleet_patch(plan))

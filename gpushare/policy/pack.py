@@ -25,18 +25,11 @@ from gpushare.core.paths import project_root
 from gpushare.core.resolve import resolve, resolve_env
 from gpushare.core.stacks import ENVIRONMENT_KEY, stack_config
 from gpushare.core.stacks import environment_file as stacks_environment_file
-from gpushare.policy.rules import (
-    RULES,
-    WAIVER_RULES,
-    Context,
-    Level,
-    PlanResource,
-    Rule,
-    Waiver,
-    evaluate,
-    load_checked_guardrails,
-    load_waivers,
-)
+from gpushare.policy.context import load_checked_guardrails
+from gpushare.policy.evaluate import evaluate
+from gpushare.policy.registry import Context, Level, PlanResource, Rule
+from gpushare.policy.rules import RULES
+from gpushare.policy.waivers import WAIVER_RULES, Waiver, load_waivers
 
 _STACK_URN = re.compile(r"^urn:pulumi:(?P<stack>[^:]+)::")
 

@@ -16,7 +16,7 @@ from gpushare.core.guardrails import load_guardrails
 from gpushare.core.paths import project_root
 from gpushare.core.resolve import resolve
 from gpushare.core.stacks import environment_escape, environment_file, stack_config
-from gpushare.policy.rules import DEPLOYER_FIX, deployer_findings
+from gpushare.policy.deployer import DEPLOYER_FIX, deployer_findings
 from gpushare.program.components import operator_values as ov
 from gpushare.program.program import plan_cluster, register_cluster
 from gpushare.program.stack_config import load_stack_config

@@ -1,15 +1,20 @@
 """The Jinja2 environment over the package's templates: strict undefined names, no autoescape (YAML and TOML,
-never HTML), filters that turn data into YAML and TOML values so templates stay thin."""
+never HTML), filters that turn data into YAML and TOML values so templates stay thin.
+
+The filters are gpushare's one writer of each format: `to_yaml` is gpushare.core.files.yaml_text, `tomlv` the TOML
+encoder of the Ansible collection (plugins/module_utils/toml_writer.py), which the collection's containerd_runtime
+module writes containerd's configs with on hosts that have no gpushare; the collection ships inside this package."""
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import yaml
+
+from gpushare.ansible_collections.gpushare.fleet.plugins.module_utils.toml_writer import encode_value
+from gpushare.core.files import yaml_text
 
 
 def templates_dir() -> Path:
@@ -18,19 +23,7 @@ def templates_dir() -> Path:
 
 
 def _to_yaml(value: Any) -> str:
-    return yaml.safe_dump(value, sort_keys=False, default_flow_style=False, width=120).rstrip("\n")
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML form for {value!r}")
+    return yaml_text(value).rstrip("\n")
 
 
 @cache
@@ -42,5 +35,5 @@ def environment() -> jinja2.Environment:
         autoescape=False,  # noqa: S701 - renders YAML and TOML, never HTML
     )
     env.filters["to_yaml"] = _to_yaml
-    env.filters["tomlv"] = _toml_value
+    env.filters["tomlv"] = encode_value
     return env

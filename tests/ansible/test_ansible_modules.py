@@ -225,7 +225,8 @@ def sim(tmp_path: Path):
                GPUSIM_PROCS_DIR=str(tmp_path / "procs"), GPUSIM_EVENTS=str(tmp_path / "events.jsonl"),
                GPUSIM_BOOT_ID=str(boot), GPUSIM_HOSTENGINE_PID=str(tmp_path / "hostengine.pid"),
                GPUSIM_DCGM_PLUGINS=str(tmp_path / "dcgm-plugins"),
-               PYTHONPATH=str(FIXTURES / "sim"))
+               # The simulator's pynvml, and the collection's module_utils the modules import (as Ansible ships them).
+               PYTHONPATH=os.pathsep.join([str(FIXTURES / "sim"), str(ROOT / "gpushare")]))
 
     class Sim:
         path = tmp_path

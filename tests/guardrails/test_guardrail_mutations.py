@@ -22,19 +22,14 @@ from typer.testing import CliRunner
 from gpushare.cli import app
 from gpushare.core.errors import GpushareError
 from gpushare.core.guardrails import Guardrails, load_guardrails
+from gpushare.core.nvidia.operator import effective_device_list_strategy
 from gpushare.core.resolve import resolve
 from gpushare.ops.preview import collect_plan
-from gpushare.policy.rules import (
-    RULES,
-    Context,
-    PlanResource,
-    Violation,
-    Waiver,
-    effective_device_list_strategy,
-    evaluate,
-    load_checked_guardrails,
-    load_waivers,
-)
+from gpushare.policy.context import load_checked_guardrails
+from gpushare.policy.evaluate import evaluate
+from gpushare.policy.registry import Context, PlanResource, Violation
+from gpushare.policy.rules import RULES
+from gpushare.policy.waivers import Waiver, load_waivers
 from gpushare.render.fleet import render_fleet
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

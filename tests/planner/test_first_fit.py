@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gpushare.planner import solve
 from gpushare.planner.demand import MAX_TOTAL_REPLICAS, Demand
 from gpushare.planner.pack import plan_demand
+from gpushare.planner.solve import rounding as solve
 
 H100, L4 = "NVIDIA H100 80GB HBM3", "NVIDIA L4"
 

@@ -25,9 +25,8 @@ from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpushare.core.errors import GpushareError
+from gpushare.core.files import yaml_text
 
 
 @dataclass
@@ -74,13 +73,13 @@ def measured_limits(env: str) -> dict[str, Any]:
     from gpushare.core.guardrails import load_guardrails
     from gpushare.core.paths import environment_path
     from gpushare.core.resolve import resolve
-    from gpushare.policy.rules import SHARED_KINDS, _replicas
+    from gpushare.policy.registry import SHARED_KINDS, shared_replicas
 
     fleet = resolve(environment_path(env))
     g = load_guardrails()
     replicas = {c.name: 2 for c in g.memory_classes}
     for node in (n for n in fleet.nodes if n.sharing in SHARED_KINDS):
-        n = _replicas(fleet, node)
+        n = shared_replicas(fleet, node)
         memories = [node.gpu_model.memory_gib] if node.mig_layout is None else [
             node.gpu_model.profiles[p].memory_gib or 0.0 for p in node.mig_layout]
         for memory in memories:
@@ -105,7 +104,9 @@ def adoption_stage(workspace: Path, env: str, files: dict[str, str], today: date
     what no waiver may cover. `files`: the import's own files (relative paths -> text)."""
     from gpushare.core.guardrails import load_guardrails
     from gpushare.ops.preview import plan_resources
-    from gpushare.policy.rules import context_for, evaluate, load_checked_guardrails, load_waivers
+    from gpushare.policy.context import context_for, load_checked_guardrails
+    from gpushare.policy.evaluate import evaluate
+    from gpushare.policy.waivers import load_waivers
 
     stage = AdoptionStage()
     with _workspace_copy(workspace, files) as root:
@@ -147,7 +148,7 @@ def _guardrails_text(env: str, limits: dict[str, Any], today: date) -> str:
             "# check passes on what runs and nothing looser is allowed. Tighten them in reviewed changes\n"
             "# (docs/adoption.md); they are read with policies/guardrails.yaml, which names no such environment.\n")
     body = {"apiVersion": "gpushare.io/v1", "kind": "Guardrails", "environments": {env: limits}}
-    return head + yaml.safe_dump(body, sort_keys=False, width=110)
+    return head + yaml_text(body)
 
 
 def _waivers_text(env: str, entries: list[dict[str, str]], today: date) -> str:
@@ -155,4 +156,4 @@ def _waivers_text(env: str, entries: list[dict[str, str]], today: date) -> str:
             "# rule the cluster broke as it ran, the one place, and the step that fixes it. They expire; fix what\n"
             "# each says (docs/adoption.md) and delete it. `gpushare check` reads them with policies/waivers.yaml.\n")
     body = {"apiVersion": "gpushare.io/v1", "kind": "Waivers", "waivers": entries}
-    return head + yaml.safe_dump(body, sort_keys=False, width=110)
+    return head + yaml_text(body)

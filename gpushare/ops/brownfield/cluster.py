@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from gpushare.core.catalog import GpuModel, load_catalog
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import load_yaml_documents, parse_yaml
+from gpushare.core.mappings import dig
 from gpushare.core.spec import NAME_PATTERN, is_system_namespace
 from gpushare.ops.brownfield.objects import MIG_CONFIG, MODELS, DevicePluginConfig, KubeObject, problems, reason
 
@@ -149,7 +150,7 @@ class ClusterState:
         if name is None:
             return ConfigSource(None, "spec.devicePlugin.config.name")
         source, cm = self._source(name, "spec.devicePlugin.config.name")
-        for key, text in ((cm or {}).get("data") or {}).items():
+        for key, text in (dig(cm, "data") or {}).items():
             # Read as strictly as gpushare's own files: a key twice would leave which value the plugin takes to
             # its YAML library.
             try:
@@ -176,7 +177,7 @@ class ClusterState:
     def _source(self, name: str, where: str) -> tuple[ConfigSource, dict[str, Any] | None]:
         source = ConfigSource(name, where)
         found = [cm for cm in self.of("ConfigMap") if name_of(cm) == name]
-        namespace = str((self.cluster_policy.get("status") or {}).get("namespace") or "")
+        namespace = str(dig(self.cluster_policy, "status", "namespace") or "")
         if namespace:  # the operator's namespace, as the operator itself reports it
             found = [cm for cm in found if _namespace_of(cm) in (namespace, "")]
         if len(found) > 1:
@@ -231,11 +232,11 @@ def _namespace_of(obj: dict[str, Any]) -> str:
 
 
 def _config_spec(spec: dict[str, Any], operand: str) -> dict[str, Any]:
-    return dict((spec.get(operand) or {}).get("config") or {})
+    return dict(dig(spec, operand, "config") or {})
 
 
 def _entries(cm: dict[str, Any] | None) -> Iterable[tuple[str, Any]]:
-    for key, text in ((cm or {}).get("data") or {}).items():
+    for key, text in (dig(cm, "data") or {}).items():
         try:
             yield key, parse_yaml(text, str(key))
         except GpushareError:
@@ -248,7 +249,7 @@ def _first(err: GpushareError) -> str:
 
 
 def labels_of(obj: dict[str, Any]) -> dict[str, str]:
-    return dict((obj.get("metadata") or {}).get("labels") or {})
+    return dict(dig(obj, "metadata", "labels") or {})
 
 
 def name_of(obj: dict[str, Any]) -> str:
@@ -376,14 +377,14 @@ def mig_entries_partial(entries: list[dict[str, Any]]) -> bool:
 
 
 def kubernetes_minor(nodes: list[dict[str, Any]]) -> str:
-    versions = [str(((n.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion", "")) for n in nodes]
+    versions = [str(dig(n, "status", "nodeInfo", "kubeletVersion", default="")) for n in nodes]
     minors = sorted({m.group(1) for v in versions if (m := re.match(r"v?(1\.\d+)", v))},
                     key=lambda t: tuple(int(x) for x in t.split(".")))
     return minors[0] if minors else "1.31"
 
 
 def internal_ip(node: dict[str, Any]) -> str | None:
-    for address in (node.get("status") or {}).get("addresses") or []:
+    for address in dig(node, "status", "addresses") or []:
         if address.get("type") == "InternalIP":
             return str(address.get("address"))
     return None
@@ -419,6 +420,6 @@ def is_dns_label(text: str) -> bool:
 
 
 def tenant_namespaces(state: ClusterState) -> list[str]:
-    namespaces = {str((q.get("metadata") or {}).get("namespace", "")) for q in state.of("ResourceQuota")}
-    namespaces |= {str((q.get("metadata") or {}).get("namespace", "")) for q in state.of("LocalQueue")}
+    namespaces = {str(dig(q, "metadata", "namespace", default="")) for q in state.of("ResourceQuota")}
+    namespaces |= {str(dig(q, "metadata", "namespace", default="")) for q in state.of("LocalQueue")}
     return sorted(n for n in namespaces if n and not is_system_namespace(n))

@@ -11,15 +11,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpushare.core.resolve import (
-    DEVICE_PLUGIN_CONFIG_LABEL,
-    MIG_CONFIG_LABEL,
-    MIG_STATE_LABEL,
-    SHARED_GPU_TAINT,
-    TOOLKIT_VERSION_LABEL,
-    ResolvedFleet,
-    ResolvedNode,
-)
+from gpushare.core.labels import DEVICE_PLUGIN_CONFIG_LABEL, MIG_CONFIG_LABEL, MIG_STATE_LABEL, TOOLKIT_VERSION_LABEL
+from gpushare.core.mappings import dig
+from gpushare.core.resolve import SHARED_GPU_TAINT, ResolvedFleet, ResolvedNode
 from gpushare.ops.brownfield.cluster import (
     COUNT_LABEL,
     MIG_DISABLED,
@@ -124,8 +118,8 @@ def sharing_text(name: str | None, content: dict[str, Any] | None, resources: li
 def label_time(node: dict[str, Any], label: str) -> datetime | None:
     """When the label was last written, from the node's managedFields (the API server records it per manager)."""
     found: datetime | None = None
-    for entry in (node.get("metadata") or {}).get("managedFields") or []:
-        labels = ((entry.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:labels") or {}
+    for entry in dig(node, "metadata", "managedFields") or []:
+        labels = dig(entry, "fieldsV1", "f:metadata", "f:labels") or {}
         stamp = entry.get("time")
         if f"f:{label}" in labels and stamp:
             when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
@@ -285,7 +279,7 @@ class _NodeCheck:
     def taints(self) -> None:
         want: set[tuple[str, str, str]] = {(t.key, t.value, t.effect) for t in self.git.taints}
         have = {(str(t.get("key")), str(t.get("value", "") or ""), str(t.get("effect")))
-                for t in (self.node.get("spec") or {}).get("taints") or []
+                for t in dig(self.node, "spec", "taints") or []
                 if not str(t.get("key")).startswith(SYSTEM_TAINT_PREFIXES)}
         for key, value, effect in sorted(want - have):
             # The shared-GPU taint is gpushare's own on every time-sliced or MPS node: on a cluster it has not rolled
@@ -300,7 +294,7 @@ def _named_resources(content: dict[str, Any] | None, git_content: dict[str, Any]
                      resources: list[str]) -> list[str]:
     """Every resource either config shares, and those the node advertises: what tells two configs apart."""
     named = {str(r.get("name")) for c in (content, git_content) for mode in ("timeSlicing", "mps")
-             for r in ((((c or {}).get("sharing") or {}).get(mode) or {}).get("resources") or [])}
+             for r in (dig(c, "sharing", mode, "resources") or [])}
     return sorted(named | set(resources))
 
 

@@ -9,14 +9,16 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import date
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
-
-import yaml
 
 from gpushare.core import spec
 from gpushare.core.catalog import GpuModel
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.files import yaml_text
+from gpushare.core.mappings import dig
+from gpushare.core.paths import package_data_path
 from gpushare.core.spec import is_system_namespace
 from gpushare.ops.brownfield.cluster import (
     COUNT_LABEL,
@@ -49,10 +51,18 @@ from gpushare.ops.brownfield.operator import operator_changes
 if TYPE_CHECKING:
     from gpushare.core.resolve import ResolvedFleet
 
-# Used only where the ClusterPolicy names no toolkit version; reported, and `gpushare check` judges it.
-FALLBACK_TOOLKIT = "1.18.2"
 FALLBACK_DRIVER = 570
 # Taints Kubernetes itself sets: never a pool's.
+
+
+@cache
+def fallback_toolkit() -> str:
+    """The toolkit version imported where the ClusterPolicy names none (reported, and `gpushare check` judges it):
+    the CVE floor of the guardrails `gpushare init` writes (gpushare/data/workspace/policies/guardrails.yaml), the
+    one place that floor is defined."""
+    from gpushare.core.guardrails import load_guardrails
+
+    return load_guardrails(package_data_path("workspace", "policies", "guardrails.yaml")).toolkit.min_version
 
 
 def _most(model: type[Any]) -> int:
@@ -169,7 +179,7 @@ class _Importer:
                             device_plugin_config=dp_name)
 
     def host_notes(self, obj: str, node: dict[str, Any], count: int) -> None:
-        provider = str((node.get("spec") or {}).get("providerID", ""))
+        provider = str(dig(node, "spec", "providerID", default=""))
         if provider.startswith(("gce://", "aws://")):
             self.note(obj, "spec.providerID", f"a cloud node ({provider.split(':')[0]}): imported as a bare-metal "
                       "host; gpushare makes cloud node pools through Pulumi, so move it to a cloud pool by hand")
@@ -294,12 +304,12 @@ class _Importer:
         return advertised_per_gpu(spec.PROFILE_ADAPTER.validate_python(data), layout, cluster, False)[0]
 
     def driver(self, labels: dict[str, str]) -> int:
-        text = labels.get(DRIVER_LABEL) or str((self.spec.get("driver") or {}).get("version", "")).split(".")[0]
+        text = labels.get(DRIVER_LABEL) or str(dig(self.spec, "driver", "version", default="")).split(".")[0]
         return int(text) if text.isdigit() and 450 <= int(text) <= 999 else FALLBACK_DRIVER
 
     def taints(self, node: dict[str, Any]) -> tuple[tuple[str, str, str], ...]:
         found = []
-        for taint in (node.get("spec") or {}).get("taints") or []:
+        for taint in dig(node, "spec", "taints") or []:
             key = str(taint.get("key", ""))
             if not key.startswith(SYSTEM_TAINT_PREFIXES):
                 found.append((key, str(taint.get("value", "") or ""), str(taint.get("effect", "NoSchedule"))))
@@ -357,14 +367,14 @@ class _Importer:
     # -- the cluster, tenants and what is left over
 
     def mig_strategy(self) -> str:
-        strategy = (self.spec.get("mig") or {}).get("strategy", "single")
+        strategy = dig(self.spec, "mig", "strategy", default="single")
         if strategy not in ("single", "mixed"):
             self.note(self.cp_name, "spec.mig.strategy", f"{strategy!r} is not single or mixed; imported as mixed")
             return "mixed"
         return str(strategy)
 
     def cluster(self, nodes: list[dict[str, Any]]) -> dict[str, Any]:
-        cdi = (self.spec.get("cdi") or {}).get("enabled", True)
+        cdi = dig(self.spec, "cdi", "enabled", default=True)
         return {"name": self.env, "kind": "bare-metal", "kubernetes_version": kubernetes_minor(nodes),
                 "mig_strategy": self.strategy, "cdi": bool(cdi)}
 
@@ -373,12 +383,12 @@ class _Importer:
         first rollout's remediation, said in the report."""
         from gpushare.core.spec import version_tuple
 
-        text = str((self.spec.get("toolkit") or {}).get("version", ""))
+        text = str(dig(self.spec, "toolkit", "version", default=""))
         found = re.match(r"v?(\d+\.\d+\.\d+)", text)
         if found is None:
-            self.note(self.cp_name, "spec.toolkit.version", f"no toolkit version; imported as {FALLBACK_TOOLKIT} "
+            version = fallback_toolkit()
+            self.note(self.cp_name, "spec.toolkit.version", f"no toolkit version; imported as {version} "
                       "(`gpushare check` judges it against the CVE floor)")
-            version = FALLBACK_TOOLKIT
         else:
             version = found.group(1)
         if floor and version_tuple(version) < version_tuple(floor):
@@ -392,12 +402,11 @@ class _Importer:
     def monitoring(self) -> dict[str, Any]:
         """The Pulumi stack's monitoring: a Prometheus stack the cluster runs (dcgm-exporter's ServiceMonitor on in
         the ClusterPolicy, or prometheus-operator objects in the dump) is reused, never installed twice."""
-        exporter = self.spec.get("dcgmExporter") or {}
-        monitor = exporter.get("serviceMonitor") or {}
+        monitor = dig(self.spec, "dcgmExporter", "serviceMonitor") or {}
         kinds = {what.split("/")[0] for what, _ in self.state.unknown}
         if monitor.get("enabled") is True or kinds & {"Prometheus", "ServiceMonitor", "PodMonitor",
                                                        "PrometheusRule"}:
-            release = str((monitor.get("additionalLabels") or {}).get("release") or "kube-prometheus-stack")
+            release = str(dig(monitor, "additionalLabels", "release") or "kube-prometheus-stack")
             self.note(self.cp_name, "spec.dcgmExporter.serviceMonitor", f"a Prometheus stack runs (release label "
                       f"{release!r}): reused (gpushare:monitoring mode existing), never installed beside it; check "
                       f"the release and namespace in the stack file")
@@ -469,8 +478,7 @@ class _Importer:
         """The namespace's one ResourceQuota with GPU limits, which gpushare takes over in place (never a second
         quota beside it); None where there is none or several (noted)."""
         found = [name_of(q) for q in self.state.of("ResourceQuota")
-                 if (q.get("metadata") or {}).get("namespace") == namespace
-                 and gpu_resources((q.get("spec") or {}).get("hard") or {})]
+                 if dig(q, "metadata", "namespace") == namespace and gpu_resources(dig(q, "spec", "hard") or {})]
         if len(found) > 1:
             self.note(f"Namespace/{namespace}", "ResourceQuota", f"{len(found)} quotas hold GPU limits "
                       f"({', '.join(sorted(found))}): gpushare adds gpushare-gpu-quota with their sum; merge them "
@@ -481,11 +489,11 @@ class _Importer:
     def namespace_quota(self, namespace: str) -> tuple[dict[str, int], dict[str, int]]:
         """Kueue's nominal quota and borrowing limit where a LocalQueue serves the namespace, else the
         ResourceQuota's GPU limits."""
-        queues = [q for q in self.state.of("LocalQueue") if (q.get("metadata") or {}).get("namespace") == namespace]
+        queues = [q for q in self.state.of("LocalQueue") if dig(q, "metadata", "namespace") == namespace]
         for q in self.state.of("ResourceQuota"):
-            if (q.get("metadata") or {}).get("namespace") != namespace:
+            if dig(q, "metadata", "namespace") != namespace:
                 continue
-            hard = (q.get("spec") or {}).get("hard") or {}
+            hard = dig(q, "spec", "hard") or {}
             for key in sorted(k for k in hard if not k.removeprefix("requests.").startswith("nvidia.com/")):
                 self.note(f"ResourceQuota/{namespace}/{name_of(q)}", f"spec.hard[{key}]", "not a GPU resource; "
                           "gpushare manages GPU quotas only, so keep this quota outside gpushare")
@@ -493,14 +501,14 @@ class _Importer:
             return self.queue_quota(namespace, queues)
         quota: dict[str, int] = {}
         for q in self.state.of("ResourceQuota"):
-            if (q.get("metadata") or {}).get("namespace") == namespace:
-                quota.update(gpu_resources((q.get("spec") or {}).get("hard") or {}))
+            if dig(q, "metadata", "namespace") == namespace:
+                quota.update(gpu_resources(dig(q, "spec", "hard") or {}))
         return quota, {}
 
     def queue_quota(self, namespace: str, queues: list[dict[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
         quota: Counter[str] = Counter()
         borrowing: Counter[str] = Counter()
-        wanted = {str((q.get("spec") or {}).get("clusterQueue")) for q in queues}
+        wanted = {str(dig(q, "spec", "clusterQueue")) for q in queues}
         for cq in self.state.of("ClusterQueue"):
             if name_of(cq) not in wanted:
                 continue
@@ -564,7 +572,7 @@ class _Importer:
                           "map tenants to them by hand")
         for what, where in self.state.unknown:
             self.note(what, where, "object kind the import does not read")
-        for ns in {str((o.get("metadata") or {}).get("namespace", "")) for o in self.state.of("ResourceQuota")}:
+        for ns in {str(dig(o, "metadata", "namespace", default="")) for o in self.state.of("ResourceQuota")}:
             if ns and is_system_namespace(ns):
                 self.note(f"Namespace/{ns}", "ResourceQuota", "a system namespace is never a tenant")
 
@@ -624,8 +632,7 @@ def import_cluster(state: ClusterState, env: str, existing: dict[str, Any] | Non
     files[f"imports/{env}-report.yaml"] = _dump({"environment": env, "source": state.source,
                                                  "mapping": imp.mapping,
                                                  "unsupported": [u.as_dict() for u in imp.unsupported]})
-    annotations = (state.cluster_policy.get("metadata") or {}).get("annotations") or {} \
-        if isinstance(state.cluster_policy, dict) else {}
+    annotations = dig(state.cluster_policy, "metadata", "annotations") or {}
     release = (str(annotations.get("meta.helm.sh/release-namespace", "")),
                str(annotations.get("meta.helm.sh/release-name", "")))
     return ImportResult(env, files, imp.mapping, imp.unsupported, nodes,
@@ -687,7 +694,7 @@ def _pools(nodes: list[ImportedNode], profiles: dict[str, dict[str, Any]], env: 
 
 
 def _dump(data: Any) -> str:
-    return yaml.safe_dump(data, sort_keys=False, width=110)
+    return yaml_text(data)
 
 
 def _environment_text(environment: dict[str, Any], unsupported: list[Unsupported], source: str) -> str:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.errors import EXCERPT_CHARS, GpushareError, Problem
 
 # The largest kubeconfig that makes sense: a few contexts with their certificates inline are tens of KB.
 MAX_KUBECONFIG_BYTES = 16 * 1024 * 1024
@@ -45,7 +45,7 @@ def load_kubeconfig(kubeconfig: Path, context: str | None, configuration: Any, *
                                     line=mark.line + 1 if mark is not None else None, path="--kubeconfig",
                                     fix=FIX), exit_code=2) from None
     except ConfigException as exc:
-        raise GpushareError(Problem(f"unusable kubeconfig: {str(exc)[:300]}", file=file,
+        raise GpushareError(Problem(f"unusable kubeconfig: {str(exc)[:EXCERPT_CHARS]}", file=file,
                                     path="--context" if context else "--kubeconfig",
                                     fix="check the file and the context name (kubectl config get-contexts)"),
                             exit_code=2) from None

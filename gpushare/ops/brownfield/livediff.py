@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.mappings import dig
 from gpushare.ops.brownfield.kubeconfig import load_kubeconfig
 
 FIELD_MANAGER = "gpushare-diff"
@@ -288,8 +289,7 @@ def pod_requests(pod_spec: dict[str, Any]) -> dict[str, float]:
 
 
 def running(pod: dict[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") and \
-        not (pod.get("metadata") or {}).get("deletionTimestamp")
+    return dig(pod, "status", "phase") not in ("Succeeded", "Failed") and not dig(pod, "metadata", "deletionTimestamp")
 
 
 def owner_of(pod: dict[str, Any], replicasets: dict[tuple[str, str], dict[str, Any]]) -> str:
@@ -301,7 +301,7 @@ def owner_of(pod: dict[str, Any], replicasets: dict[tuple[str, str], dict[str, A
             continue
         if ref.get("kind") == "ReplicaSet":
             rs = replicasets.get((ns, str(ref.get("name"))))
-            for up in ((rs or {}).get("metadata") or {}).get("ownerReferences") or []:
+            for up in dig(rs, "metadata", "ownerReferences") or []:
                 if up.get("controller"):
                     return f"{up.get('kind')} {ns}/{up.get('name')}"
         if ref.get("kind") == "Job":
@@ -313,7 +313,7 @@ def owner_of(pod: dict[str, Any], replicasets: dict[tuple[str, str], dict[str, A
 def template_of(controller: dict[str, Any]) -> dict[str, Any] | None:
     spec = controller.get("spec") or {}
     if controller.get("kind") == "CronJob":
-        spec = ((spec.get("jobTemplate") or {}).get("spec")) or {}
+        spec = dig(spec, "jobTemplate", "spec") or {}
     template = spec.get("template")
     return template if isinstance(template, dict) else None
 
@@ -337,13 +337,12 @@ class _Live:
     def __init__(self, api: Api) -> None:
         self.nodes = api.list("v1", "Node")
         self.pods = [p for p in api.list("v1", "Pod") if running(p)]
-        self.replicasets = {(str((r.get("metadata") or {}).get("namespace", "")),
-                             str((r.get("metadata") or {}).get("name"))): r for r in api.list("apps/v1", "ReplicaSet")}
+        self.replicasets = {(str(dig(r, "metadata", "namespace", default="")), str(dig(r, "metadata", "name"))): r
+                            for r in api.list("apps/v1", "ReplicaSet")}
         self.controllers = [c for v, k in CONTROLLERS for c in api.list(v, k)]
-        self.bindings = {str((b.get("metadata") or {}).get("name")): list((b.get("spec") or {}).get(
-            "validationActions") or []) for b in api.list("admissionregistration.k8s.io/v1",
-                                                         "ValidatingAdmissionPolicyBinding")}
-        self.policies = {str((p.get("metadata") or {}).get("name")) for p in api.list(
+        self.bindings = {str(dig(b, "metadata", "name")): list(dig(b, "spec", "validationActions") or [])
+                         for b in api.list("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding")}
+        self.policies = {str(dig(p, "metadata", "name")) for p in api.list(
             "admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy")}
         self.cluster_policies = api.list("nvidia.com/v1", "ClusterPolicy")
 
@@ -351,10 +350,10 @@ class _Live:
         return owner_of(pod, self.replicasets)
 
     def pods_in(self, namespace: str) -> list[dict[str, Any]]:
-        return [p for p in self.pods if (p.get("metadata") or {}).get("namespace") == namespace]
+        return [p for p in self.pods if dig(p, "metadata", "namespace") == namespace]
 
     def daemonset_pod(self, pod: dict[str, Any]) -> bool:
-        return any(r.get("kind") == "DaemonSet" for r in (pod.get("metadata") or {}).get("ownerReferences") or [])
+        return any(r.get("kind") == "DaemonSet" for r in dig(pod, "metadata", "ownerReferences") or [])
 
 
 def single_cluster(env: str, cluster: str | None) -> tuple[Any, str]:
@@ -400,7 +399,7 @@ def live_diff(env: str, api: Api, cluster: str | None = None, objects: list[dict
             report.refused.append(f"{name}: {answer.body.get('message', 'conflict')} (pulumi up stops here unless "
                                   "those fields are released, or the object carries pulumi.com/patchForce)")
             answer = api.apply_dry_run(obj, force=True)
-        namespace = (obj.get("metadata") or {}).get("namespace")
+        namespace = dig(obj, "metadata", "namespace")
         if answer.status == 404 and before is None and namespace in made:
             # Its namespace comes with the rollout (a Helm release makes it): created, judged once it exists.
             report.changes.append(Change(name, "", None, "created"))
@@ -431,9 +430,9 @@ def live_diff(env: str, api: Api, cluster: str | None = None, objects: list[dict
 def _pod_security(warnings: list[str], namespace: dict[str, Any], live: _Live) -> Iterator[Impact]:
     """The API server's own check of a namespace's new enforce level against its running pods: a warning naming the
     level, then one per pod (`name: what it violates`)."""
-    ns = str((namespace.get("metadata") or {}).get("name"))
-    level = ((namespace.get("metadata") or {}).get("labels") or {}).get("pod-security.kubernetes.io/enforce")
-    by_name = {str((p.get("metadata") or {}).get("name")): p for p in live.pods_in(ns)}
+    ns = str(dig(namespace, "metadata", "name"))
+    level = dig(namespace, "metadata", "labels", "pod-security.kubernetes.io/enforce")
+    by_name = {str(dig(p, "metadata", "name")): p for p in live.pods_in(ns)}
     seen: set[str] = set()
     for text in warnings:
         pod_name, _, why = text.partition(": ")
@@ -451,18 +450,18 @@ def _pod_security(warnings: list[str], namespace: dict[str, Any], live: _Live) -
 
 
 def _taints(before: dict[str, Any], now: dict[str, Any], live: _Live) -> Iterator[Impact]:
-    old = {(t.get("key"), t.get("value"), t.get("effect")) for t in (before.get("spec") or {}).get("taints") or []}
-    node = str((now.get("metadata") or {}).get("name"))
-    added = [t for t in (now.get("spec") or {}).get("taints") or []
+    old = {(t.get("key"), t.get("value"), t.get("effect")) for t in dig(before, "spec", "taints") or []}
+    node = str(dig(now, "metadata", "name"))
+    added = [t for t in dig(now, "spec", "taints") or []
              if (t.get("key"), t.get("value"), t.get("effect")) not in old]
     if not added:
         return
     seen: set[tuple[str, str]] = set()
     for pod in live.pods:
-        if (pod.get("spec") or {}).get("nodeName") != node or live.daemonset_pod(pod):
+        if dig(pod, "spec", "nodeName") != node or live.daemonset_pod(pod):
             continue
         for taint in added:
-            if tolerates((pod.get("spec") or {}).get("tolerations") or [], taint):
+            if tolerates(dig(pod, "spec", "tolerations") or [], taint):
                 continue
             owner = live.owner(pod)
             shown = f"{taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
@@ -491,9 +490,9 @@ def _used(namespace: str, live: _Live) -> dict[str, float]:
 def _quota(before: dict[str, Any] | None, now: dict[str, Any], live: _Live) -> Iterator[Impact]:
     meta = now.get("metadata") or {}
     ns, name = str(meta.get("namespace")), str(meta.get("name"))
-    hard = (now.get("spec") or {}).get("hard") or {}
-    old = ((before or {}).get("spec") or {}).get("hard") or {}
-    used = {k: quantity(v) for k, v in (((before or {}).get("status") or {}).get("used") or {}).items()} \
+    hard = dig(now, "spec", "hard") or {}
+    old = dig(before, "spec", "hard") or {}
+    used = {k: quantity(v) for k, v in (dig(before, "status", "used") or {}).items()} \
         or _used(ns, live)
     for key, value in sorted(hard.items()):
         if quantity(value) >= used.get(key, 0.0) or old.get(key) == value:
@@ -511,7 +510,7 @@ def _limit_range(now: dict[str, Any], live: _Live) -> Iterator[Impact]:
     meta = now.get("metadata") or {}
     ns = str(meta.get("namespace"))
     seen: set[str] = set()
-    for limit in (now.get("spec") or {}).get("limits") or []:
+    for limit in dig(now, "spec", "limits") or []:
         if limit.get("type") != "Container":
             continue
         default, maximum = limit.get("default") or {}, limit.get("max") or {}
@@ -540,8 +539,8 @@ def _resource_names(fleet: Any, cluster: str, live: _Live) -> Iterator[Impact]:
     planned = {n.name: set(n.advertised) for n in fleet.nodes if n.cluster == cluster}
     after: set[str] = set()
     for node in live.nodes:
-        name = str((node.get("metadata") or {}).get("name"))
-        after |= planned.get(name, {r for r in ((node.get("status") or {}).get("allocatable") or {})
+        name = str(dig(node, "metadata", "name"))
+        after |= planned.get(name, {r for r in (dig(node, "status", "allocatable") or {})
                                      if r.startswith(GPU_PREFIX)})
     after |= {r for resources in planned.values() for r in resources}
     seen: set[tuple[str, str]] = set()
@@ -573,7 +572,7 @@ def _admission(api: Api, objects: list[dict[str, Any]], live: _Live, report: Dif
                                  "at once, so no running workload was judged by it; bind it with Warn first "
                                  "(adoption.admission: warn) and diff again")
     tenant_namespaces = {str(o["metadata"]["name"]) for o in objects if o.get("kind") == "Namespace"
-                         and "gpushare.io/tenant" in ((o.get("metadata") or {}).get("labels") or {})}
+                         and "gpushare.io/tenant" in (dig(o, "metadata", "labels") or {})}
     templates: list[tuple[str, str, dict[str, Any]]] = []
     for c in live.controllers:
         meta = c.get("metadata") or {}
@@ -614,7 +613,7 @@ def _operator(fleet: Any, live: _Live, report: DiffReport) -> Iterator[Impact]:
     from gpushare.ops.brownfield.operator import operator_changes
 
     for cp in live.cluster_policies:
-        name = f"ClusterPolicy {(cp.get('metadata') or {}).get('name')}"
+        name = f"ClusterPolicy {dig(cp, 'metadata', 'name')}"
         spec = cp.get("spec") or {}
         changes = operator_changes(spec, fleet.environment, fleet.env.defaults.driver_branch,
                                    fleet.env.defaults.toolkit_version)
@@ -624,7 +623,7 @@ def _operator(fleet: Any, live: _Live, report: DiffReport) -> Iterator[Impact]:
             section = change.path.split(".")[0]
             if section in OPERANDS:
                 restarted.setdefault(section, []).append(change.path)
-        dp = (spec.get("devicePlugin") or {}).get("config") or {}
+        dp = dig(spec, "devicePlugin", "config") or {}
         from gpushare.program.components.operator_values import DEVICE_PLUGIN_CONFIGMAP
 
         if dp.get("name") != DEVICE_PLUGIN_CONFIGMAP:

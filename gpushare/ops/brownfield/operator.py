@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
-import yaml
-
-from gpushare.core.paths import package_data
+from gpushare.core.mappings import dig
+from gpushare.core.nvidia.operator import cluster_policy_spec_schema, gpu_operator_chart_values
 
 # The operands gpushare turns off on a fleet of imported (bare-metal, Ansible-managed) hosts, as the Pulumi
 # program's operator values do for such a cluster (program/components/operator_values.py; tests/brownfield
@@ -54,19 +52,6 @@ class Change:
     reason: str
 
 
-@cache
-def _chart_defaults() -> dict[str, Any]:
-    data = yaml.safe_load(package_data("gpu-operator-values.yaml").read_text())
-    return data if isinstance(data, dict) else {}
-
-
-@cache
-def _crd_spec() -> dict[str, Any]:
-    crd = yaml.safe_load(package_data("crd-nvidia.com_clusterpolicies.yaml").read_text())
-    spec: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    return spec
-
-
 _MISSING = object()
 
 
@@ -79,9 +64,9 @@ def _at(node: Any, path: tuple[str, ...]) -> Any:
 
 
 def _schema_at(path: tuple[str, ...]) -> dict[str, Any] | None:
-    node: Any = _crd_spec()
+    node: Any = cluster_policy_spec_schema()
     for key in path:
-        node = (node.get("properties") or {}).get(key) if isinstance(node, dict) else None
+        node = dig(node, "properties", key)
         if node is None:
             return None
     return node if isinstance(node, dict) else None
@@ -104,7 +89,7 @@ def _enabled(value: Any) -> bool:
 
 def operator_changes(spec: dict[str, Any], env: str, driver: int, toolkit: str) -> list[Change]:
     """Every ClusterPolicy setting the first rollout of the import changes or drops, with why."""
-    defaults = _chart_defaults()
+    defaults = gpu_operator_chart_values()
     changes: list[Change] = []
     off = {c for c in TURNED_OFF if _enabled(_at(spec, (c, "enabled")))}
     for path, value in _leaves(spec):

@@ -12,7 +12,7 @@ from typing import Any
 from gpushare.core.errors import GpushareError
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve_env
-from gpushare.ops.capacity.recommendations import Recommendation, _resource
+from gpushare.ops.capacity.recommendations import FLOAT_SLACK, Recommendation, _resource
 from gpushare.ops.patch import Proposal, dump_yaml, keep_untouched_lines, roundtrip_yaml
 
 
@@ -173,7 +173,7 @@ def _move_quotas(fleet: ResolvedFleet, doc: Any, applied: list[Recommendation]) 
                 for (new_res, factor), weight in moves:
                     added[new_res] = added.get(new_res, 0.0) + amount * factor * weight / total
             for new_res, amount in added.items():
-                quota[new_res] = quota.get(new_res, 0) + math.ceil(amount - 1e-9)
+                quota[new_res] = quota.get(new_res, 0) + math.ceil(amount - FLOAT_SLACK)
 
 
 def _groups(fleet: ResolvedFleet, recs: list[Recommendation]) -> list[list[Recommendation]]:
@@ -222,7 +222,8 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
 
     from gpushare.core.paths import default_profiles_dir, find_workspace, patch_path, project_root
     from gpushare.core.resolve import resolve
-    from gpushare.policy import rules as policies
+    from gpushare.policy.evaluate import evaluate
+    from gpushare.policy.registry import Context
 
     source = fleet.source.resolve()
     root = find_workspace(source.parent) or project_root()  # the profiles' paths too are named from there
@@ -234,8 +235,8 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
     promotion = resolve_env(limits.promote_from) if limits.promote_from else None
 
     def violations(candidate: ResolvedFleet) -> set[tuple[str, str]]:
-        ctx = policies.Context(fleet=candidate, guardrails=guardrails, promotion_source=promotion)
-        report = policies.evaluate(ctx, [], date.today())
+        ctx = Context(fleet=candidate, guardrails=guardrails, promotion_source=promotion)
+        report = evaluate(ctx, [], date.today())
         return {(v.rule, v.message) for v in report.violations if v.level == "mandatory"}
 
     baseline = violations(fleet)

@@ -13,6 +13,8 @@ from gpushare.core.resolve import ResolvedFleet, ResolvedPool
 from gpushare.ops.capacity.evidence import PoolEvidence
 
 GIB = 1024**3
+# Float quotients this little above a whole number (or a limit) count as it: ceil(x - it), x <= limit + it.
+FLOAT_SLACK = 1e-9
 
 
 @dataclass
@@ -65,7 +67,7 @@ def _env_ratio_allows(fleet: ResolvedFleet, pool: ResolvedPool, gpus: int, repli
     t = fleet.totals
     advertised = t.advertised_total - pool.totals.advertised_total + gpus * replicas
     units = t.hardware_units - pool.totals.hardware_units + gpus
-    return units > 0 and advertised / units <= limit + 1e-9
+    return units > 0 and advertised / units <= limit + FLOAT_SLACK
 
 
 def _gaps(e: PoolEvidence, guardrails: Guardrails, window: str) -> list[str]:
@@ -133,10 +135,11 @@ def recommend_time_slicing(fleet: ResolvedFleet, guardrails: Guardrails, pool: R
     proposed = max(2, best) if best >= 2 else 1
     demand = allocated_p95 + queued
     per_gpu = proposed
-    gpus = max(1, math.ceil(demand / per_gpu - 1e-9), math.ceil(mean * n / c.target_utilization - 1e-9))
+    gpus = max(1, math.ceil(demand / per_gpu - FLOAT_SLACK), math.ceil(mean * n / c.target_utilization - FLOAT_SLACK))
     while proposed > 2 and not _env_ratio_allows(fleet, pool, gpus, proposed, limits.max_oversubscription):
         proposed -= 1
-        gpus = max(1, math.ceil(demand / proposed - 1e-9), math.ceil(mean * n / c.target_utilization - 1e-9))
+        gpus = max(1, math.ceil(demand / proposed - FLOAT_SLACK),
+                   math.ceil(mean * n / c.target_utilization - FLOAT_SLACK))
     limiting = min(caps, key=lambda k: caps[k])
     rec.evidence.append("replica limits: " + ", ".join(f"{k} {v}" for k, v in caps.items()) + f" (binding: {limiting})")
     rec.replicas_proposed = proposed
@@ -162,8 +165,8 @@ def recommend_exclusive(fleet: ResolvedFleet, guardrails: Guardrails, pool: Reso
     mean = e.utilization_mean or 0.0
     allocated_p95 = e.allocated_p95 or 0.0
     queued = _queued(e, guardrails)
-    needed = max(1, math.ceil(allocated_p95 + queued - 1e-9))
-    rec.gpus_proposed = min(max(needed, math.ceil(mean * n / c.target_utilization - 1e-9)), max(n, needed))
+    needed = max(1, math.ceil(allocated_p95 + queued - FLOAT_SLACK))
+    rec.gpus_proposed = min(max(needed, math.ceil(mean * n / c.target_utilization - FLOAT_SLACK)), max(n, needed))
     rec.utilization_projected = min(1.0, mean * n / rec.gpus_proposed)
     if rec.gpus_proposed < n:
         rec.reasons.append(f"{n - rec.gpus_proposed} GPU(s) were not allocated even at the p95")
@@ -207,7 +210,7 @@ def recommend_mig(fleet: ResolvedFleet, guardrails: Guardrails, pool: ResolvedPo
         if m is None or m.utilization_p95 is None or m.memory_p95_bytes is None:
             rec.gaps.append(f"no series for MIG profile {name}: it stays")
             continue
-        slices = max(1, math.ceil(m.utilization_p95 * current.compute_slices / c.max_p95_utilization - 1e-9))
+        slices = max(1, math.ceil(m.utilization_p95 * current.compute_slices / c.max_p95_utilization - FLOAT_SLACK))
         memory_gib = m.memory_p95_bytes / GIB / (1 - c.memory_headroom)
         rec.evidence.append(f"{name} x{layout[name]}: busiest instance p95 {_pct(m.utilization_p95)} busy, "
                             f"{m.memory_p95_bytes / GIB:.1f} of {current.memory_gib:g} GiB; allocated p95 "
@@ -254,7 +257,7 @@ def recommend_mig(fleet: ResolvedFleet, guardrails: Guardrails, pool: ResolvedPo
     queued = _queued(e, guardrails)
     if queued:
         per_gpu = (sum(proposed.values()) or 1) * (rec.replicas_now or 1)
-        rec.gpus_proposed = n + math.ceil(queued / per_gpu - 1e-9)
+        rec.gpus_proposed = n + math.ceil(queued / per_gpu - FLOAT_SLACK)
         wait = duration_text(e.queue_wait_seconds or 0)
         slots = "replica(s) of instances" if rec.replicas_now else "instance(s)"
         rec.reasons.append(f"the pool queues ({queued:.1f} pending, waits up to {wait}): "

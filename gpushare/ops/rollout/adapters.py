@@ -143,6 +143,9 @@ class AnsibleBackend:
 
 # ---------------------------------------------------------------- kubectl
 
+# Seconds one kubectl call may take: a get, cordon, uncordon or label, none of which waits on the cluster.
+KUBECTL_TIMEOUT = 120
+
 
 class Kube:
     """kubectl with the user's kubeconfig (and each cluster's context), as the roles call it."""
@@ -156,7 +159,7 @@ class Kube:
         if context:
             cmd.append(f"--context={context}")
         try:
-            done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
+            done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=KUBECTL_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise GpushareError(Problem(f"kubectl {' '.join(args)} failed: {exc}",
                                         fix="install kubectl on PATH and check --kubeconfig"), exit_code=2) from None

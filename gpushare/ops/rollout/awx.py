@@ -48,6 +48,7 @@ URL_FIX = "give the controller's address, e.g. https://awx.example.com or https:
 MAX_ANSWER_BYTES = 16 * 1024 * 1024  # one AWX answer: a page of 200 events with their results is a few MB at most
 MAX_DEPTH = 100  # JSON nesting of one AWX answer: its own objects are a few levels, a task's result some more
 MAX_PAGES = 500  # of one list (200 items a page): 100,000 host summaries or failed events
+AWX_POLL_INTERVAL = 5.0  # seconds between two looks at a running job's state (each one request to the controller)
 ANSWER_FIX = ("check that --awx-url is the controller's own address (not a proxy's, a login page's or another "
               "service's) and that the token in $" + TOKEN_ENV + " is accepted there")
 
@@ -262,7 +263,7 @@ class AwxBackend:
     """An AnsibleRunner whose playbook runs are jobs of an AWX / automation controller."""
 
     def __init__(self, url: str, templates: dict[str, int], logs: Path, token: str | None = None,
-                 extra_vars: dict[str, Any] | None = None, poll_interval: float = 5.0,
+                 extra_vars: dict[str, Any] | None = None, poll_interval: float = AWX_POLL_INTERVAL,
                  timeout: float = AWX_JOB_TIMEOUT, request_timeout: float = DEFAULT_TIMEOUT) -> None:
         self.url = controller_url(url)
         where = origin(self.url)

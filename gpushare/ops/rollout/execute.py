@@ -15,8 +15,10 @@ from gpushare.core.resolve import ResolvedFleet, ResolvedNode
 from gpushare.ops.rollout.adapters import AnsibleRunner, HostOutcome, Kubectl, PulumiSteps
 from gpushare.ops.rollout.journal import Journal
 from gpushare.ops.rollout.plan import BATCH_PLAYBOOK, GATE_PLAYBOOK, RolloutPlan, Step
+from gpushare.ops.timeouts import GATE_TIMEOUT
 
 ROLLOUT_STATE_LABEL = "gpushare.io/rollout-state"
+GATE_POLL_INTERVAL = 5.0  # seconds between two looks at the nodes a gate waits on
 
 
 @dataclass
@@ -89,8 +91,8 @@ def _context(fleet: ResolvedFleet, host: str) -> str | None:
 
 
 def execute(plan: RolloutPlan, journal: Journal, ansible: AnsibleRunner, pulumi: PulumiSteps,
-            kube: Kubectl | None, progress: Progress | None = None, gate_timeout: float = 300.0,
-            poll_interval: float = 5.0) -> Result:
+            kube: Kubectl | None, progress: Progress | None = None, gate_timeout: float = GATE_TIMEOUT,
+            poll_interval: float = GATE_POLL_INTERVAL) -> Result:
     """Run the plan's steps in order, journalling each; stop at the first failing host (after its batch)."""
     run = _Execution(plan, journal, ansible, pulumi, kube, progress or Progress(), gate_timeout, poll_interval)
     for step in plan.steps:

@@ -14,9 +14,12 @@ from typing import Any
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import default_profiles_dir
 
+GIT_READ_TIMEOUT = 60  # seconds for one git ls-tree or show of a revision's files
+GIT_STATE_TIMEOUT = 30  # seconds for git rev-parse HEAD, or git status of the environment's files
+
 
 def _git(root: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_READ_TIMEOUT)
     if done.returncode != 0:
         raise GpushareError(Problem(f"git {' '.join(args)}: {done.stderr.strip()}", path="--previous",
                                     fix="give a commit of this repository that has the environment file"),
@@ -103,12 +106,12 @@ def git_revision(root: Path, paths: Iterable[Path] = ()) -> tuple[str, bool]:
     """HEAD's commit and whether the given files differ from it ("unknown" outside a Git work tree)."""
     try:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             check=True, timeout=30).stdout.strip()
+                             check=True, timeout=GIT_STATE_TIMEOUT).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
     inside = [str(p) for p in paths if p.resolve().is_relative_to(root.resolve())]
     if not inside:
         return rev, False
     status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", *inside],
-                            capture_output=True, text=True, timeout=30)
+                            capture_output=True, text=True, timeout=GIT_STATE_TIMEOUT)
     return rev, bool(status.stdout.strip())

@@ -14,9 +14,10 @@ from pulumi_kubernetes.helm.v3 import Release
 
 from gpushare.core import dra, spec
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.nvidia.operator import gpu_operator_chart_values
 from gpushare.core.resolve import ResolvedFleet
-from gpushare.policy.device_plugin import settings_problems
-from gpushare.policy.rules import OPERATOR_VALUES_KEY, RENAMING_FIX, gpu_operator_chart_values, renaming_findings
+from gpushare.core.stacks import OPERATOR_VALUES_KEY
+from gpushare.policy.device_plugin import RENAMING_FIX, renaming_findings, settings_problems
 from gpushare.program.components import dra_driver
 from gpushare.program.components import operator_values as ov
 from gpushare.program.stack_config import ChartSource
@@ -80,7 +81,7 @@ def _check(values: dict[str, Any], gpus: ov.ClusterGpus) -> None:
     problems = ov.check_chart_values(values)
     problems += [Problem(msg, fix="fix the cluster's cdi / mig_strategy or drop the devicePlugin.env override")
                  for msg in settings_problems(values, gpus.cluster)]
-    # GPUs advertised under other names than the environment gives would be past every quota (policy.rules).
+    # GPUs advertised under other names than the environment gives would be past every quota (policy.device_plugin).
     problems += [Problem(why, path=f"{OPERATOR_VALUES_KEY}.{where}", fix=RENAMING_FIX)
                  for where, why in renaming_findings(values, gpus.cluster.mig_strategy)]
     missed = ov.untolerated(gpus.taints, values["daemonsets"]["tolerations"])

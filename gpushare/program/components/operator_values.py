@@ -7,7 +7,6 @@ import copy
 import hashlib
 import json
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import yaml
 
 from gpushare.core import spec
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.paths import package_data_path
+from gpushare.core.nvidia.operator import CHART_VERSION, cluster_policy_spec_schema, gpu_operator_chart_values
 from gpushare.core.resolve import (
     MIG_DISABLED,
     ResolvedFleet,
@@ -24,15 +23,10 @@ from gpushare.core.resolve import (
     device_plugin_digest,
 )
 from gpushare.policy.device_plugin import device_plugin_values
-from gpushare.policy.rules import gpu_operator_chart_values
 from gpushare.render.fleet import mig_parted_configs
 from gpushare.render.templating import environment as templates
 
-DATA = package_data_path()
-CLUSTER_POLICY_CRD_FILE = DATA / "crd-nvidia.com_clusterpolicies.yaml"
-
-CHART = "gpu-operator"
-CHART_VERSION = "v26.7.0"  # the release whose values.yaml and ClusterPolicy CRD are copied into gpushare/data
+CHART = "gpu-operator"  # at CHART_VERSION (core.nvidia.operator), the release gpushare/data copies
 CHART_REPOSITORY = "https://helm.ngc.nvidia.com/nvidia"
 NAMESPACE = "gpu-operator"
 RELEASE = "gpu-operator"
@@ -248,13 +242,6 @@ def with_tolerations(defaults: list[dict[str, Any]], taints: list[spec.Taint]) -
 
 
 # ---------------------------------------------------------------- the values
-
-
-@cache
-def cluster_policy_spec_schema() -> dict[str, Any]:
-    crd = yaml.safe_load(CLUSTER_POLICY_CRD_FILE.read_text())
-    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    return schema
 
 
 def _env(pairs: dict[str, str]) -> list[dict[str, str]]:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
+from gpushare.core.files import yaml_text
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.render.monitoring.counters import read_counters
@@ -54,20 +53,9 @@ def prometheus_rules_file(fleet: ResolvedFleet, guardrails: Guardrails, cluster:
         groups=rules_yaml(prometheus_rule_groups(fleet, guardrails, cluster)))
 
 
-class _RulesDumper(yaml.SafeDumper):
-    """Multi-line expressions as literal blocks, so a rule reads in the file (and in a diff) as it was written."""
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_RulesDumper.add_representer(str, _str)
-
-
 def rules_yaml(groups: list[dict[str, Any]]) -> str:
-    return yaml.dump(groups, Dumper=_RulesDumper, sort_keys=False, width=120, allow_unicode=True).rstrip("\n")
+    """The groups as the rules file lists them: multi-line expressions as literal blocks (gpushare.core.files)."""
+    return yaml_text(groups).rstrip("\n")
 
 
 def dashboards(fleet: ResolvedFleet) -> dict[str, dict[str, Any]]:

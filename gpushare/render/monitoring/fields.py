@@ -12,6 +12,7 @@ from importlib.resources import files
 from typing import Literal
 
 from gpushare.core.resolve import ResolvedFleet
+from gpushare.core.spec import SHARED_KINDS
 from gpushare.render.monitoring.counters import read_counters
 
 FieldType = Literal["gauge", "counter", "label"]
@@ -88,8 +89,7 @@ def exported_fields() -> list[DcgmField]:
 
 def needs_virtual_gpus(fleet: ResolvedFleet) -> bool:
     """Per-pod attribution matters where pods share a GPU or MIG instance through the device plugin."""
-    return any(n.sharing in ("time-slicing", "mps", "mig-time-slicing") and n.managed_by != "gke"
-               for n in fleet.nodes)
+    return any(n.sharing in SHARED_KINDS and n.managed_by != "gke" for n in fleet.nodes)
 
 
 def dcgm_exporter_env(fleet: ResolvedFleet) -> dict[str, str]:

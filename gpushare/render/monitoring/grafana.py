@@ -17,6 +17,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as model
 
 from gpushare.core.resolve import ResolvedFleet
+from gpushare.core.spec import SHARED_KINDS
 from gpushare.render.monitoring.promql import HOST_LABEL, LEGACY_HOST_LABEL, dcgm_host
 
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -88,7 +89,7 @@ POOL = 'pool=~"$pool"'
 
 
 def _overview(fleet: ResolvedFleet) -> dict[str, Any]:
-    shared = any(p.sharing in ("time-slicing", "mps", "mig-time-slicing") for p in fleet.pools)
+    shared = any(p.sharing in SHARED_KINDS for p in fleet.pools)
     rows: list[tuple[str, list[PanelSpec]]] = [
         ("Physical versus advertised", [
             PanelSpec("Physical GPUs (planned)", (Query(f"sum(gpushare:pool_physical_gpus:planned{{{POOL}}})"),),

@@ -18,15 +18,14 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.core.guardrails import Guardrails, duration_seconds
-from gpushare.core.resolve import (
+from gpushare.core.labels import (
     DEVICE_PLUGIN_CONFIG_LABEL,
     MIG_CONFIG_LABEL,
     MIG_STATE_LABEL,
     OPERATOR_MIG_CONFIG_LABEL,
     TOOLKIT_VERSION_LABEL,
-    ResolvedFleet,
-    ResolvedPool,
 )
+from gpushare.core.resolve import ResolvedFleet, ResolvedPool
 from gpushare.core.tenancy import fleet_tenancy
 from gpushare.render.monitoring.promql import (
     HOST_LABEL,

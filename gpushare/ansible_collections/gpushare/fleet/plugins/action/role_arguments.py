@@ -17,6 +17,8 @@ from ansible.plugins.action import ActionBase
 
 ROLES = Path(__file__).resolve().parents[2] / "roles"
 PREFIX = "gpushare.fleet."
+# The action's options, as plugins/modules/role_arguments.py documents them (tests/ansible/test_module_docs.py).
+ARGUMENT_SPEC = {"roles": {"type": "list", "elements": "str", "required": True}}
 
 
 class ActionModule(ActionBase):
@@ -38,7 +40,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
-        roles = self._task.args.get("roles")
+        roles = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)[1]["roles"]
         if not isinstance(roles, list) or not roles or not all(isinstance(r, str) for r in roles):
             raise AnsibleActionFail("role_arguments: give roles, a list of gpushare.fleet role names")
         errors: list[str] = []

@@ -15,6 +15,10 @@ from ansible_collections.gpushare.fleet.plugins.module_utils.files import write_
 
 DEFAULT_PATH = "/var/lib/gpushare/state.json"
 
+# The option of the modules that read or record the state file (host_read, dcgm_diag), documented once in the doc
+# fragment gpushare.fleet.state_file: optional, as they work without it.
+STATE_PATH_OPTION = {"state_path": {"type": "path"}}
+
 _JSON_KINDS = {list: "a JSON list", str: "a JSON string", int: "a JSON number", float: "a JSON number",
                bool: "a JSON boolean", type(None): "JSON null"}
 

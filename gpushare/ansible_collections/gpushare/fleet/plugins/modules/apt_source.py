@@ -16,6 +16,7 @@ from ansible_collections.gpushare.fleet.plugins.module_utils.files import (
 
 DOCUMENTATION = r"""
 module: apt_source
+author: gpushare maintainers (@gpushare)
 short_description: One apt source for NVIDIA packages, with its signing key
 description:
   - Writes C(/etc/apt/sources.list.d/<name>.sources) (deb822) when it differs, and fetches the signing key into
@@ -64,10 +65,49 @@ options:
     default: /etc/apt/keyrings
 """
 
-RETURN = r"""
-path: {description: The .sources file., returned: always, type: str}
-key_path: {description: The signing key's file, when a key URL is given., returned: when key_url is given, type: str}
+EXAMPLES = r"""
+- name: NVIDIA's container toolkit repository, with its signing key
+  gpushare.fleet.apt_source:
+    name: nvidia-container-toolkit
+    uri: https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)
+    key_url: https://nvidia.github.io/libnvidia-container/gpgkey
+  register: toolkit_source
+
+- name: Install from it, refreshing the package index only when the source or its key was written
+  ansible.builtin.apt:
+    name: nvidia-container-toolkit
+    update_cache: "{{ toolkit_source is changed }}"
+
+- name: The site's unsigned mirror of NVIDIA's CUDA repository (DCGM), with a component
+  gpushare.fleet.apt_source:
+    name: nvidia-dcgm
+    uri: http://mirror.example.internal/cuda/debian12/x86_64
+    suite: stable
+    components: [main]
+    trusted: true
 """
+
+RETURN = r"""
+path:
+  description: The .sources file.
+  returned: always
+  type: str
+key_path:
+  description: The signing key's file, when a key URL is given.
+  returned: when key_url is given
+  type: str
+"""
+
+ARGUMENT_SPEC = {
+    "name": {"type": "str", "required": True},
+    "uri": {"type": "str", "required": True},
+    "suite": {"type": "str", "default": "/"},
+    "components": {"type": "list", "elements": "str", "default": []},
+    "key_url": {"type": "str", "default": "", "no_log": False},
+    "trusted": {"type": "bool", "default": False},
+    "sources_dir": {"type": "path", "default": "/etc/apt/sources.list.d"},
+    "keyrings_dir": {"type": "path", "default": "/etc/apt/keyrings"},
+}
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 
@@ -83,19 +123,7 @@ def render(params, key_path):
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "name": {"type": "str", "required": True},
-            "uri": {"type": "str", "required": True},
-            "suite": {"type": "str", "default": "/"},
-            "components": {"type": "list", "elements": "str", "default": []},
-            "key_url": {"type": "str", "default": "", "no_log": False},
-            "trusted": {"type": "bool", "default": False},
-            "sources_dir": {"type": "path", "default": "/etc/apt/sources.list.d"},
-            "keyrings_dir": {"type": "path", "default": "/etc/apt/keyrings"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = module.params
     # Before anything else: every value here ends up in the deb822 file or in a path or URL it names.
     refuse_control_characters(module, ("name", "uri", "suite", "components", "key_url", "sources_dir",

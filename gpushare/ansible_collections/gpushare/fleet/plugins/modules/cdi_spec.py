@@ -17,6 +17,7 @@ from ansible_collections.gpushare.fleet.plugins.module_utils.state import this_h
 
 DOCUMENTATION = r"""
 module: cdi_spec
+author: gpushare maintainers (@gpushare)
 short_description: Generate the host's CDI spec with nvidia-ctk and write it when it differs
 description:
   - Runs C(nvidia-ctk --quiet cdi generate) and writes its output to O(path) (its directory created) only when the
@@ -36,17 +37,32 @@ options:
     default: nvidia-ctk
 """
 
-RETURN = r"""
-path: {description: The spec's path., returned: always, type: str}
+EXAMPLES = r"""
+- name: Generate the CDI spec of the GPUs present (after a MIG change, for example)
+  gpushare.fleet.cdi_spec:
+    path: /var/run/cdi/nvidia.yaml
+
+- name: With nvidia-ctk from another place, into the persistent CDI directory
+  gpushare.fleet.cdi_spec:
+    path: /etc/cdi/nvidia.yaml
+    nvidia_ctk: /usr/local/bin/nvidia-ctk
 """
+
+RETURN = r"""
+path:
+  description: The spec's path.
+  returned: always
+  type: str
+"""
+
+ARGUMENT_SPEC = {
+    "path": {"type": "path", "default": "/var/run/cdi/nvidia.yaml"},
+    "nvidia_ctk": {"type": "str", "default": "nvidia-ctk"},
+}
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={"path": {"type": "path", "default": "/var/run/cdi/nvidia.yaml"},
-                       "nvidia_ctk": {"type": "str", "default": "nvidia-ctk"}},
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     refuse_control_characters(module, ("path", "nvidia_ctk"), "the CDI spec's path and program")
     path = module.params["path"]
     unusable = _unusable_path(path)

@@ -13,11 +13,13 @@ import tempfile
 import tomllib
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpushare.fleet.plugins.module_utils.files import refuse_control_characters
+from ansible_collections.gpushare.fleet.plugins.module_utils.files import refuse_control_characters, write_if_differs
 from ansible_collections.gpushare.fleet.plugins.module_utils.state import this_host
+from ansible_collections.gpushare.fleet.plugins.module_utils.toml_writer import dumps, encode_key
 
 DOCUMENTATION = r"""
 module: containerd_runtime
+author: gpushare maintainers (@gpushare)
 short_description: Add the nvidia runtime to containerd through a drop-in, verified with containerd config dump
 description:
   - Computes the effective configuration without the drop-in (the baseline), the drop-in to write, and the
@@ -61,6 +63,28 @@ options:
     default: false
 """
 
+EXAMPLES = r"""
+- name: Add the nvidia runtime gpushare rendered for this host (the inventory's gpushare_containerd_dropin)
+  gpushare.fleet.containerd_runtime:
+    content: "{{ gpushare_containerd_dropin }}"
+  notify: Restart containerd
+
+- name: Check only, changing nothing, that the drop-in is in place and alone in what it changes
+  gpushare.fleet.containerd_runtime:
+    content: "{{ gpushare_containerd_dropin }}"
+    dropin_path: /etc/containerd/conf.d/99-gpushare-nvidia.toml
+    config_path: /etc/containerd/config.toml
+  check_mode: true
+  register: dropin_check
+  failed_when: dropin_check is failed or dropin_check is changed
+
+- name: A containerd without CDI, where nvidia becomes the default runtime, with containerd from /opt
+  gpushare.fleet.containerd_runtime:
+    content: "{{ gpushare_containerd_dropin }}"
+    containerd: /opt/containerd/bin/containerd
+    allow_default_runtime: true
+"""
+
 RETURN = r"""
 differences:
   description: "Effective-config keys the drop-in changes, as C(key: before -> after)."
@@ -73,60 +97,21 @@ containerd_version:
 """
 
 
+ARGUMENT_SPEC = {
+    "content": {"type": "str", "required": True},
+    "dropin_path": {"type": "path", "default": "/etc/containerd/conf.d/99-gpushare-nvidia.toml"},
+    "config_path": {"type": "path", "default": "/etc/containerd/config.toml"},
+    "containerd": {"type": "str", "default": "containerd"},
+    "runtime_name": {"type": "str", "default": "nvidia"},
+    "allow_default_runtime": {"type": "bool", "default": False},
+}
+
 HEADER = ("# containerd drop-in written by gpushare (Ansible role nvidia_container_toolkit): the rendered nvidia\n"
           "# runtime merged into this host's effective table, because containerd %s replaces whole plugin\n"
           "# tables from imported files. Do not edit; `containerd config dump` must differ only by the runtime.\n")
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
-
-# ---------------------------------------------------------------- TOML writing (the subset containerd dumps)
-
-
-def _key(key):
-    return key if _BARE_KEY.match(key) else json.dumps(key)
-
-
-def _value(value):
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, list):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"no TOML form for {value!r}")
-
-
-def _is_table_array(value):
-    return isinstance(value, list) and value and all(isinstance(v, dict) for v in value)
-
-
-def dumps(data):
-    """TOML for nested dicts of scalars, lists and tables (what `containerd config dump` produces)."""
-    lines = []
-
-    def emit(table, path):
-        scalars = [(k, v) for k, v in table.items() if not isinstance(v, dict) and not _is_table_array(v)]
-        for k, v in scalars:
-            lines.append(f"{_key(k)} = {_value(v)}")
-        for k, v in table.items():
-            if isinstance(v, dict):
-                lines.append("")
-                lines.append("[{}]".format(".".join(_key(p) for p in path + [k])))
-                emit(v, path + [k])
-            elif _is_table_array(v):
-                for item in v:
-                    lines.append("")
-                    lines.append("[[{}]]".format(".".join(_key(p) for p in path + [k])))
-                    emit(item, path + [k])
-
-    emit(data, [])
-    return "\n".join(lines).lstrip("\n") + "\n"
-
+# TOML is written by module_utils.toml_writer (dumps), the encoder gpushare renders its TOML templates with.
 
 # ---------------------------------------------------------------- pure logic (unit-tested)
 
@@ -187,7 +172,7 @@ def desired_dropin(rendered_text, baseline, major):
 
 
 def format_key(key):
-    return ".".join(_key(str(p)) for p in key)
+    return ".".join(encode_key(str(p)) for p in key)
 
 
 # ---------------------------------------------------------------- host side
@@ -244,17 +229,7 @@ def add_import(text, dropin_path, version):
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "content": {"type": "str", "required": True},
-            "dropin_path": {"type": "path", "default": "/etc/containerd/conf.d/99-gpushare-nvidia.toml"},
-            "config_path": {"type": "path", "default": "/etc/containerd/config.toml"},
-            "containerd": {"type": "str", "default": "containerd"},
-            "runtime_name": {"type": "str", "default": "nvidia"},
-            "allow_default_runtime": {"type": "bool", "default": False},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = module.params
     # The drop-in's text and the paths written into the main config's imports (and the files' names).
     refuse_control_characters(module, ("content", "dropin_path", "config_path", "containerd", "runtime_name"),
@@ -311,10 +286,10 @@ def main():
     changed = current_dropin != dropin_text or new_config_text != config_text
 
     if changed and not module.check_mode:
-        os.makedirs(os.path.dirname(p["dropin_path"]), mode=0o755, exist_ok=True)
-        _atomic_write(p["dropin_path"], dropin_text)
+        # Atomic (a temporary file renamed over the old one), mode 0644, directories created 0755.
+        write_if_differs(p["dropin_path"], dropin_text.encode())
         if new_config_text != config_text:
-            _atomic_write(p["config_path"], new_config_text)
+            write_if_differs(p["config_path"], new_config_text.encode())
     if changed and not module.check_mode:  # unchanged files: the effective config is the prediction
         after = containerd.dump(p["config_path"])
         mismatch = differences(predicted, after)
@@ -362,13 +337,6 @@ def _has_runtime(config, plugins, runtime):
     return any(runtime in config.get("plugins", {}).get(p, {}).get("containerd", {}).get("runtimes", {})
                for p in plugins)
 
-
-def _atomic_write(path, text):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".gpushare.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -6,16 +6,24 @@ from __future__ import annotations
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpushare.fleet.plugins.module_utils.state import StateFileError, this_host, update_state
+from ansible_collections.gpushare.fleet.plugins.module_utils.state import (
+    STATE_PATH_OPTION,
+    StateFileError,
+    this_host,
+    update_state,
+)
 
 DOCUMENTATION = r"""
 module: dcgm_diag
+author: gpushare maintainers (@gpushare)
 short_description: Run DCGM's diagnostic (dcgmi diag --json) and report failing tests
 description:
   - Runs C(dcgmi diag -r LEVEL --json) and parses the report (DCGM 4 layout, C(DCGM Diagnostic) >
     C(test_categories) > C(tests) > C(results) per entity; the older C(DCGM GPU Diagnostic) key is read too).
   - Changes nothing but the state record (O(state_path)) and never fails on a failing test; it returns C(passed)
     and C(failures) so the caller can cordon the node first. It fails only when dcgmi gives no report at all.
+  - With O(state_path), the verdict is recorded in gpushare's state file (C(dcgm_diag) passed or failed,
+    C(dcgm_failures)); the file is written only when the record differs, and the task then reports changed.
 options:
   level:
     description: Diagnostic level (1 is the quick software and deployment check).
@@ -25,10 +33,30 @@ options:
     description: dcgmi executable.
     type: str
     default: dcgmi
-  state_path:
-    description: Record the verdict in gpushare's state file (C(dcgm_diag) passed or failed, C(dcgm_failures)); the
-      file is written only when the record differs, and the task then reports changed. Omit to record nothing.
-    type: path
+extends_documentation_fragment:
+  - gpushare.fleet.state_file
+"""
+
+EXAMPLES = r"""
+- name: Run the quick diagnostic and record the verdict in the host's state file
+  gpushare.fleet.dcgm_diag:
+    level: 1
+    state_path: /var/lib/gpushare/state.json
+  register: diag
+
+- name: Keep the node out of service when a test failed
+  gpushare.fleet.kube_node:
+    node: "{{ inventory_hostname }}"
+    schedulable: false
+  delegate_to: localhost
+  when: not diag.passed
+
+- name: A longer diagnostic (level 3, minutes per GPU) that records nothing, failing the task on a failed test
+  gpushare.fleet.dcgm_diag:
+    level: 3
+    dcgmi: /usr/bin/dcgmi
+  register: long_diag
+  failed_when: not long_diag.passed
 """
 
 RETURN = r"""
@@ -109,11 +137,15 @@ def parse(text):
     return not failures, failures, tests
 
 
+ARGUMENT_SPEC = {
+    "level": {"type": "int", "default": 1},
+    "dcgmi": {"type": "str", "default": "dcgmi"},
+    **STATE_PATH_OPTION,
+}
+
+
 def main():
-    module = AnsibleModule(argument_spec={"level": {"type": "int", "default": 1},
-                                          "dcgmi": {"type": "str", "default": "dcgmi"},
-                                          "state_path": {"type": "path"}},
-                           supports_check_mode=True)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     dcgmi = module.get_bin_path(module.params["dcgmi"], required=True)
     cmd = [dcgmi, "diag", "-r", str(module.params["level"]), "--json"]
     rc, out, err = module.run_command(cmd)

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import ctypes
-import re
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpushare.fleet.plugins.module_utils.nvml import gpu_instances, mig_mode, text
+from ansible_collections.gpushare.fleet.plugins.module_utils.state import this_host
 
 DOCUMENTATION = r"""
 module: gpu_facts
+author: gpushare maintainers (@gpushare)
 short_description: Report the host's NVIDIA GPUs through NVML
 description:
   - Reads every GPU through the NVML Python bindings (C(pynvml)), for model, UUID, PCI device id, memory, driver and
@@ -40,6 +40,28 @@ options:
     default: []
 """
 
+EXAMPLES = r"""
+- name: Read the GPUs, failing where the environment says this host has 8 and NVML reports none
+  gpushare.fleet.gpu_facts:
+    expected_gpus: 8
+    supported_platforms: [debian]
+
+- name: Every GPU in MIG mode, as the fact gpu_facts tells it
+  ansible.builtin.debug:
+    msg: "{{ gpu_facts.gpus | map(attribute='mig.current') | list }}"
+
+- name: Before a MIG change, after the GPU clients were stopped, fail while any GPU still runs a process
+  gpushare.fleet.gpu_facts:
+    expected_gpus: 8
+    fail_on_processes: true
+
+- name: A host whose NVML bindings may be missing yet (the role installs them and reads again)
+  gpushare.fleet.gpu_facts:
+    expected_gpus: 4
+    wait_for_bindings: true
+  register: first_read
+"""
+
 RETURN = r"""
 gpu_facts:
   description: >-
@@ -49,49 +71,14 @@ gpu_facts:
   type: dict
 """
 
+ARGUMENT_SPEC = {
+    "expected_gpus": {"type": "int", "default": 0},
+    "wait_for_bindings": {"type": "bool", "default": False},
+    "fail_on_processes": {"type": "bool", "default": False},
+    "supported_platforms": {"type": "list", "elements": "str", "default": []},
+}
 
-NVML_DEVICE_MIG_ENABLE = 1
-
-
-def _text(value):
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _mode(value):
-    return "enabled" if value == NVML_DEVICE_MIG_ENABLE else "disabled"
-
-
-def _profile_name(nvml, handle, index, info):
-    """`1g.10gb` from NVML's `MIG 1g.10gb` where the bindings give names (profile info v2 and later)."""
-    getter = getattr(nvml, "nvmlDeviceGetGpuInstanceProfileInfoV", None)
-    if getter is None:
-        return None
-    try:
-        named = getter(handle, index)
-    except Exception:  # noqa: BLE001 - older drivers lack the versioned call; the id still identifies the profile
-        return None
-    name = _text(getattr(named, "name", "") or "")
-    return re.sub(r"^MIG\s+", "", name) or None
-
-
-def read_instances(nvml, handle):
-    found = []
-    for index in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
-        try:
-            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
-        except nvml.NVMLError:
-            continue  # no profile at that index on this GPU
-        if not info.instanceCount:
-            continue
-        handles = (nvml.c_nvmlGpuInstance_t * info.instanceCount)()
-        count = ctypes.c_uint(0)
-        nvml.nvmlDeviceGetGpuInstances(handle, info.id, handles, ctypes.byref(count))
-        name = _profile_name(nvml, handle, index, info) if count.value else None
-        for i in range(count.value):
-            gi = nvml.nvmlGpuInstanceGetInfo(handles[i])
-            found.append({"id": int(gi.id), "profile_id": int(gi.profileId), "profile": name,
-                          "start": int(gi.placement.start), "size": int(gi.placement.size)})
-    return sorted(found, key=lambda item: item["start"])
+# MIG mode and GPU instances come from module_utils.nvml, the reader gpushare's `discover` uses too.
 
 
 def _process_name(pid):
@@ -118,26 +105,22 @@ def read_processes(nvml, handle):
 
 def read_gpu(nvml, index):
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    try:
-        current, pending = nvml.nvmlDeviceGetMigMode(handle)
-        mig = {"capable": True, "current": _mode(current), "pending": _mode(pending)}
-    except nvml.NVMLError_NotSupported:
-        mig = {"capable": False, "current": None, "pending": None}
+    mig = mig_mode(nvml, handle)
     pci = int(nvml.nvmlDeviceGetPciInfo(handle).pciDeviceId)
     return {
         "index": index,
-        "name": _text(nvml.nvmlDeviceGetName(handle)),
-        "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
+        "name": text(nvml.nvmlDeviceGetName(handle)),
+        "uuid": text(nvml.nvmlDeviceGetUUID(handle)),
         "pci_device_id": f"0x{pci:08X}",
         "memory_mib": int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // 2**20,
         "mig": mig,
-        "gpu_instances": read_instances(nvml, handle) if mig["current"] == "enabled" else [],
+        "gpu_instances": gpu_instances(nvml, handle) if mig["current"] == "enabled" else [],
         "processes": read_processes(nvml, handle),
     }
 
 
 def read_host(nvml):
-    driver = _text(nvml.nvmlSystemGetDriverVersion())
+    driver = text(nvml.nvmlSystemGetDriverVersion())
     cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
     major = driver.split(".")[0]
     return {
@@ -170,6 +153,10 @@ def read_platform(path="/etc/os-release"):
             "id_like": found.get("ID_LIKE", "").split()}
 
 
+class NvmlReadError(Exception):
+    """NVML initialised but failed while the GPUs were read (a GPU lost from the bus, an unknown error)."""
+
+
 def gather():
     try:
         import pynvml
@@ -181,17 +168,19 @@ def gather():
         return no_gpus(f"NVML did not initialise (no NVIDIA driver loaded?): {err}", bindings=True)
     try:
         return dict(read_host(pynvml), bindings=True)
+    except pynvml.NVMLError as err:
+        raise NvmlReadError(f"{type(err).__name__}: {err}") from None
     finally:
         pynvml.nvmlShutdown()
 
 
 def main():
-    module = AnsibleModule(argument_spec={"expected_gpus": {"type": "int", "default": 0},
-                                          "wait_for_bindings": {"type": "bool", "default": False},
-                                          "fail_on_processes": {"type": "bool", "default": False},
-                                          "supported_platforms": {"type": "list", "elements": "str", "default": []}},
-                           supports_check_mode=True)
-    facts = dict(gather(), platform=read_platform())
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        facts = dict(gather(), platform=read_platform())
+    except NvmlReadError as err:
+        module.fail_json(msg=f"host {this_host()}: NVML failed while reading the GPUs: {err}; nothing was changed "
+                         "(fix: run nvidia-smi on the host; a GPU that fell off the bus needs a reset or a reboot)")
     supported = module.params["supported_platforms"]
     platform = facts["platform"]
     if supported and not ({platform["id"], *platform["id_like"]} & set(supported)):

@@ -8,6 +8,7 @@ from ansible_collections.gpushare.fleet.plugins.module_utils.state import DEFAUL
 
 DOCUMENTATION = r"""
 module: gpushare_state
+author: gpushare maintainers (@gpushare)
 short_description: Read and update the host's gpushare state file
 description:
   - A JSON object on the host (by default C(/var/lib/gpushare/state.json)) that records the MIG config, its state
@@ -26,6 +27,22 @@ options:
     type: dict
 """
 
+EXAMPLES = r"""
+- name: Read the host's state
+  gpushare.fleet.gpushare_state:
+  register: host_state
+
+- name: Record a MIG layout applied, with no blocking processes left
+  gpushare.fleet.gpushare_state:
+    update: {mig_config: gpushare-a100-balanced, state: success, pids: [], message: ""}
+
+- name: Record that gpushare cordoned the node, in a state file elsewhere
+  gpushare.fleet.gpushare_state:
+    path: /srv/gpushare/state.json
+    update:
+      cordoned: true
+"""
+
 RETURN = r"""
 state:
   description: The state after the call.
@@ -34,12 +51,14 @@ state:
 """
 
 
+ARGUMENT_SPEC = {
+    "path": {"type": "path", "default": DEFAULT_PATH},
+    "update": {"type": "dict"},
+}
+
+
 def main():
-    module = AnsibleModule(
-        argument_spec={"path": {"type": "path", "default": DEFAULT_PATH},
-                       "update": {"type": "dict"}},
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         changed, before, after = update_state(module.params["path"], module.params["update"], module.check_mode)
     except StateFileError as err:

@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpushare.fleet.plugins.module_utils.state import StateFileError, read_state
+from ansible_collections.gpushare.fleet.plugins.module_utils.state import STATE_PATH_OPTION, StateFileError, read_state
 
 DOCUMENTATION = r"""
 module: host_read
+author: gpushare maintainers (@gpushare)
 short_description: Read packages, units, command output, paths and gpushare's state file in one call
 description:
   - Changes nothing; every read is optional. A package that is not installed, a unit that does not exist or a command
     that is missing is reported as such, not as a failure, so the role's assert can say what to fix.
+  - With O(state_path), the state file's object is returned as C(state), empty when the file is absent.
 options:
   packages:
     description: Debian packages; each is reported with its installed C(version), C(want) (C(hold), C(install), ...)
@@ -42,20 +44,59 @@ options:
     type: list
     elements: path
     default: []
-  state_path:
-    description: gpushare's state file (see M(gpushare.fleet.gpushare_state)); its object is reported as C(state),
-      empty when the file is absent. A file that is there but is not a JSON object fails the task, naming the host,
-      the file and what is wrong.
-    type: path
+extends_documentation_fragment:
+  - gpushare.fleet.state_file
+"""
+
+EXAMPLES = r"""
+- name: Read what the MIG role checks before it changes anything, in one task
+  gpushare.fleet.host_read:
+    packages: [nvidia-mig-manager]
+    units: [nvidia-mig-manager.service]
+    commands:
+      mig_parted: [nvidia-mig-parted, --version]
+    paths: [/sys/module/nvidia_drm]
+    state_path: /var/lib/gpushare/state.json
+  register: host
+
+- name: Say what is missing
+  ansible.builtin.assert:
+    that:
+      - host.packages['nvidia-mig-manager'].status == 'installed'
+      - host.commands.mig_parted.rc == 0
+    fail_msg: "install nvidia-mig-manager: {{ host.commands.mig_parted.stderr }}"
 """
 
 RETURN = r"""
-packages: {description: Per package, version, want and status., returned: always, type: dict}
-units: {description: Per unit, active, enabled and environment., returned: always, type: dict}
-commands: {description: Per command name, rc, stdout and stderr., returned: always, type: dict}
-paths: {description: Per path, whether it exists., returned: always, type: dict}
-state: {description: gpushare's state file, when state_path is given., returned: when state_path is given, type: dict}
+packages:
+  description: Per package, version, want and status.
+  returned: always
+  type: dict
+units:
+  description: Per unit, active, enabled and environment.
+  returned: always
+  type: dict
+commands:
+  description: Per command name, rc, stdout and stderr.
+  returned: always
+  type: dict
+paths:
+  description: Per path, whether it exists.
+  returned: always
+  type: dict
+state:
+  description: gpushare's state file, when state_path is given.
+  returned: when state_path is given
+  type: dict
 """
+
+ARGUMENT_SPEC = {
+    "packages": {"type": "list", "elements": "str", "default": []},
+    "units": {"type": "list", "elements": "str", "default": []},
+    "commands": {"type": "dict", "default": {}},
+    "paths": {"type": "list", "elements": "path", "default": []},
+    **STATE_PATH_OPTION,
+}
 
 DPKG_FORMAT = "${Package}\t${Version}\t${db:Status-Want}\t${db:Status-Status}\n"
 UNIT_PROPERTIES = ("Id", "ActiveState", "UnitFileState", "Environment")
@@ -96,16 +137,7 @@ def run(module, argv):
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "packages": {"type": "list", "elements": "str", "default": []},
-            "units": {"type": "list", "elements": "str", "default": []},
-            "commands": {"type": "dict", "default": {}},
-            "paths": {"type": "list", "elements": "path", "default": []},
-            "state_path": {"type": "path"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = module.params
     result = {"changed": False, "packages": {}, "units": {}, "commands": {}, "paths": {}}
     if p["packages"]:

@@ -10,6 +10,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 module: kube_node
+author: gpushare maintainers (@gpushare)
 short_description: Cordon, drain, uncordon and label a Kubernetes node through kubectl
 description:
   - Reads the node first and acts only on what differs (labels, schedulability); reports C(changed) accordingly.
@@ -63,6 +64,44 @@ options:
     type: dict
 """
 
+EXAMPLES = r"""
+- name: Drain the node before its MIG layout changes (PodDisruptionBudgets respected), from the controller
+  gpushare.fleet.kube_node:
+    node: "{{ inventory_hostname }}"
+    kubeconfig: ~/.kube/gpushare-dev
+    context: dev-metal
+    drain: true
+    drain_timeout: 900
+  delegate_to: localhost
+  become: false
+
+- name: Wait, cordoned, for the node's GPU pods (long training jobs) to end rather than evict them
+  gpushare.fleet.kube_node:
+    node: "{{ inventory_hostname }}"
+    drain: true
+    drain_mode: wait
+    drain_timeout: 86400
+    poll_interval: 60
+  delegate_to: localhost
+  become: false
+
+- name: Mark a failed MIG change on the node and keep it cordoned
+  gpushare.fleet.kube_node:
+    node: "{{ inventory_hostname }}"
+    labels:
+      gpushare.io/mig-config.state: failed
+    schedulable: false
+  delegate_to: localhost
+  become: false
+
+- name: Let pods back on once the node is healthy
+  gpushare.fleet.kube_node:
+    node: "{{ inventory_hostname }}"
+    schedulable: true
+  delegate_to: localhost
+  become: false
+"""
+
 RETURN = r"""
 commands:
   description: The kubectl commands that changed something, in order.
@@ -77,6 +116,21 @@ unschedulable:
   returned: always
   type: bool
 """
+
+
+ARGUMENT_SPEC = {
+    "node": {"type": "str", "required": True},
+    "kubectl": {"type": "str", "default": "kubectl"},
+    "kubeconfig": {"type": "str", "default": ""},
+    "context": {"type": "str", "default": ""},
+    "schedulable": {"type": "bool"},
+    "drain": {"type": "bool", "default": False},
+    "drain_mode": {"type": "str", "choices": ["evict", "wait"], "default": "evict"},
+    "drain_timeout": {"type": "int", "default": 600},
+    "poll_interval": {"type": "int", "default": 10},
+    "gpu_resource_prefix": {"type": "str", "default": "nvidia.com/"},
+    "labels": {"type": "dict"},
+}
 
 
 class Kubectl:
@@ -160,22 +214,7 @@ def label_changes(current, wanted):
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "node": {"type": "str", "required": True},
-            "kubectl": {"type": "str", "default": "kubectl"},
-            "kubeconfig": {"type": "str", "default": ""},
-            "context": {"type": "str", "default": ""},
-            "schedulable": {"type": "bool"},
-            "drain": {"type": "bool", "default": False},
-            "drain_mode": {"type": "str", "choices": ["evict", "wait"], "default": "evict"},
-            "drain_timeout": {"type": "int", "default": 600},
-            "poll_interval": {"type": "int", "default": 10},
-            "gpu_resource_prefix": {"type": "str", "default": "nvidia.com/"},
-            "labels": {"type": "dict"},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = module.params
     kubectl = Kubectl(module)
     name = p["node"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: role_arguments
+author: gpushare maintainers (@gpushare)
 short_description: Check the arguments of several gpushare.fleet roles in one task
 description:
   - For each role named, the options of its C(main) entry point in C(meta/argument_specs.yml) are checked with
@@ -27,6 +28,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-checked: {description: Per role, how many of its options had a value to check., returned: always, type: dict}
-argument_errors: {description: Each error, naming its role., returned: on failure, type: list}
+checked:
+  description: Per role, how many of its options had a value to check.
+  returned: always
+  type: dict
+argument_errors:
+  description: Each error, naming its role.
+  returned: on failure
+  type: list
 """
