@@ -58,7 +58,7 @@ promtool:
 	  if [ -n "$$blocked" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc; \
 	fi
 
-# Kubernetes' own programs and Kueue's controller for the control-plane tests (tests/cluster), built from their Go
+# Kubernetes' own programs, Kueue's controller and the JobSet controller for the control-plane tests (tests/cluster), built from their Go
 # modules at the versions in tools/versions.env into ~/.cache/gpushare/bin (GPUSHARE_BIN_CACHE overrides), once per
 # version: minutes the first time, nothing after. Needs Go and the Go module proxy.
 testbins:
@@ -66,6 +66,7 @@ testbins:
 	tools/gobuild.sh kubernetes
 	tools/gobuild.sh kwok
 	tools/gobuild.sh kueue
+	tools/gobuild.sh jobset
 
 # The Pulumi CLI and the Kubernetes provider for the real-engine tests (tests/cluster/test_pulumi_*.py), built the
 # same way (`make test` builds them too, beside its first phase).

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Build one test program from its Go module into the cache, once per version:
-#   tools/gobuild.sh kubernetes|etcd|kwok|mig-parted|k8s-device-plugin|kueue|kustomize|pulumi|pulumi-kubernetes
+#   tools/gobuild.sh kubernetes|etcd|kwok|mig-parted|k8s-device-plugin|kueue|jobset|kustomize|pulumi|pulumi-kubernetes
 # The binaries land in $GPUSHARE_BIN_CACHE/<name>-<version>/ (default ~/.cache/gpushare/bin); a stamp file marks a
 # finished build, so a second call returns at once. Nothing is downloaded but Go modules from the module proxy.
 set -eu
@@ -18,11 +18,12 @@ case $name in
   mig-parted) version=$MIG_PARTED_VERSION module=github.com/NVIDIA/mig-parted cmd=nvidia-mig-parted ;;
   k8s-device-plugin) version=$DEVICE_PLUGIN_VERSION module=github.com/NVIDIA/k8s-device-plugin cmd=nvidia-device-plugin ;;
   kueue) version=$KUEUE_VERSION module=sigs.k8s.io/kueue ;;
+  jobset) version=$JOBSET_VERSION module=sigs.k8s.io/jobset ;;
   kustomize) version=$KUSTOMIZE_VERSION module=sigs.k8s.io/kustomize/kustomize/v5 ;;
   pulumi) version=$PULUMI_VERSION module=github.com/pulumi/pulumi/pkg/v3 cmd=pulumi ;;
   pulumi-kubernetes) version=$PULUMI_KUBERNETES_VERSION module=github.com/pulumi/pulumi-kubernetes/provider/v4
     cmd=pulumi-resource-kubernetes ;;
-  *) echo "gobuild.sh: unknown program '$name' (kubernetes, etcd, kwok, mig-parted, k8s-device-plugin, kueue, kustomize, pulumi, pulumi-kubernetes)" >&2; exit 2 ;;
+  *) echo "gobuild.sh: unknown program '$name' (kubernetes, etcd, kwok, mig-parted, k8s-device-plugin, kueue, jobset, kustomize, pulumi, pulumi-kubernetes)" >&2; exit 2 ;;
 esac
 out=$cache/$name-$version
 # A Kubernetes build from before its version was stamped reports v0.0.0-master, which clients such as Kueue refuse.
@@ -106,9 +107,10 @@ package tools
 import _ "$module/cmd/$cmd"
 GO
     ;;
-  kueue)
+  kueue|jobset)
     # Kueue requires k8s.io/kubernetes, whose staging modules a requiring module cannot resolve (v0.0.0); built as
-    # its own main module instead, from the module proxy's zip, so its own go.mod and go.sum pick every version.
+    # its own main module instead, from the module proxy's zip, so its own go.mod and go.sum pick every version
+    # (JobSet too: its main package is the module's root, which a requiring module cannot build either).
     src=$(go mod download -json "$module@v$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
     cp -R "$src/." . && chmod -R u+w .
     ;;
@@ -185,6 +187,12 @@ case $name in
     # module, as its release manifest is made: kustomize build config/default.
     "$here/gobuild.sh" kustomize
     "$cache/kustomize-$KUSTOMIZE_VERSION/kustomize" build config/default > "$out/kueue-install.yaml" ;;
+  jobset)
+    # As JobSet's Makefile builds the manager (its main package is the module's root), the version in pkg/version.
+    go build -ldflags "$ldflags -X $module/pkg/version.GitVersion=v$version" -o "$out/jobset" .
+    # JobSet's own install manifest (CRDs, RBAC, webhook configurations), as its release manifest is made.
+    "$here/gobuild.sh" kustomize
+    "$cache/kustomize-$KUSTOMIZE_VERSION/kustomize" build config/default > "$out/jobset-install.yaml" ;;
   kustomize)
     go mod tidy >/dev/null
     go build -tags tools -ldflags "$ldflags" -o "$out/kustomize" "$module" ;;

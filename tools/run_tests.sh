@@ -1,6 +1,6 @@
 #!/bin/sh
 # `make test`'s pytest run, in two phases so the Go builds overlap the tests that need no Go program:
-#   1. every Go program the suite runs (tools/gobuild.sh: Kubernetes, etcd, kwok, Kueue, the Pulumi CLI and
+#   1. every Go program the suite runs (tools/gobuild.sh: Kubernetes, etcd, kwok, Kueue, JobSet, the Pulumi CLI and
 #      Kubernetes provider, NVIDIA's mig-parted and device plugin) builds in the background at low CPU priority,
 #      once per machine and version (a cached build returns at once), its output in build/gobuild.log;
 #   2. meanwhile pytest runs everything but tests/cluster and tests/nvidia;
@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 cd "$root"
 pytest=${PYTEST:-.venv/bin/pytest}
-programs="etcd kubernetes kwok kueue pulumi pulumi-kubernetes mig-parted k8s-device-plugin"
+programs="etcd kubernetes kwok kueue jobset pulumi pulumi-kubernetes mig-parted k8s-device-plugin"
 mkdir -p build
 log=build/gobuild.log
 : > "$log"

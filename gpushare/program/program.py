@@ -60,6 +60,7 @@ def plan_cluster(fleet: ResolvedFleet, cluster: spec.Cluster, stack: StackConfig
     mon.prometheus_rule(fleet, guardrails, cluster, monitoring)
     mon.dashboard_configmaps(fleet)
     tenancy = TenancyArgs(fleet=fleet, cluster=cluster, guardrails=guardrails, kueue=stack.kueue_for(cluster),
+                          jobset=stack.jobset_for(cluster),
                           infrastructure_namespaces=(ov.NAMESPACE, monitoring.namespace),
                           deployer=stack.deployer.identity(), charts=charts)
     prepare_tenancy(tenancy)

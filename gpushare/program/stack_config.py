@@ -16,7 +16,14 @@ from pydantic.alias_generators import to_camel
 
 from gpushare.core import spec
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.policy.admission import DEFAULT_DEPLOYER_GROUPS, KUEUE_SERVICE_ACCOUNT, Deployer
+from gpushare.policy.admission import (
+    DEFAULT_DEPLOYER_GROUPS,
+    JOBSET_NAMESPACE,
+    JOBSET_SERVICE_ACCOUNT,
+    KUEUE_SERVICE_ACCOUNT,
+    Deployer,
+    jobset_user,
+)
 
 NAMESPACE = "gpushare"
 
@@ -42,6 +49,20 @@ class KueueSettings(_Settings):
         KUEUE_SERVICE_ACCOUNT, description="Kueue's controller ServiceAccount in that namespace (the chart names it "
         "<release>-controller-manager): the only identity admission lets lift Kueue's scheduling gate from tenant "
         "pods and resume queued Jobs.")
+
+
+class JobSetSettings(_Settings):
+    """Where the JobSet controller runs, if the cluster has one (gpushare does not install it): Kueue's JobSet
+    integration queues a JobSet as a whole, and the controller then creates its Jobs without a queue label."""
+
+    namespace: str = JOBSET_NAMESPACE
+    service_account: str = Field(
+        JOBSET_SERVICE_ACCOUNT, description="The JobSet controller's ServiceAccount in that namespace (its release "
+        "manifest's jobset-controller-manager): the only identity admission lets create and resume the unlabelled "
+        "Jobs of a JobSet.")
+
+    def user(self) -> str:
+        return jobset_user(self.namespace, self.service_account)
 
 
 class DeployerSettings(_Settings):
@@ -81,6 +102,7 @@ class ClusterSettings(_Settings):
     eks: EksSettings | None = None
     monitoring: MonitoringSettings | None = None
     kueue: KueueSettings | None = None
+    jobset: JobSetSettings | None = None
 
 
 ChartName = Literal["gpu-operator", "dra-driver", "kube-prometheus-stack", "kueue"]
@@ -124,6 +146,7 @@ class StackConfig(_Settings):
     protect: bool = Field(False, description="Protect the GPU Operator release from deletion (prod).")
     monitoring: MonitoringSettings | None = None
     kueue: KueueSettings = Field(default_factory=lambda: KueueSettings.model_validate({}))
+    jobset: JobSetSettings = Field(default_factory=lambda: JobSetSettings.model_validate({}))
     deployer: DeployerSettings = Field(default_factory=lambda: DeployerSettings.model_validate({}))
     clusters: dict[str, ClusterSettings] = Field(default_factory=dict)
     keep_device_plugin_configs: list[str | KeptConfig] = Field(default_factory=list)
@@ -193,6 +216,9 @@ class StackConfig(_Settings):
 
     def kueue_for(self, cluster: spec.Cluster) -> KueueSettings:
         return self.cluster(cluster.name).kueue or self.kueue
+
+    def jobset_for(self, cluster: spec.Cluster) -> JobSetSettings:
+        return self.cluster(cluster.name).jobset or self.jobset
 
     def check_clusters(self, known: list[str]) -> None:
         unknown = sorted(set(self.clusters) - set(known))

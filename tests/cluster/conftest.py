@@ -17,6 +17,8 @@ import pytest
 from tests.cluster import bins as binaries
 from tests.cluster.controlplane import Cluster, Etcd
 from tests.cluster.environments import Applied, bring_up, preview
+from tests.cluster.jobset import JobSetController
+from tests.cluster.jobset import find as find_jobset
 from tests.cluster.kube import Kube
 from tests.cluster.kueue import KWOK_STAGES, Kueue, rendered_configuration, rendered_feature_gates
 from tests.cluster.kueue import find as find_kueue
@@ -115,10 +117,13 @@ def queues(cluster_bins: binaries.Binaries, etcd: Etcd, cluster_folder: Path, ku
            ) -> Iterator[Callable[..., Queues]]:
     """`queues(env, cluster)`: that cluster of the environment on an API server of its own (kwok pods run until a
     test ends them), Kueue's own controller manager configured as gpushare renders it for the cluster, then every
-    object of the preview applied through Kueue's webhooks. `queues(env, cluster, name=...)` starts another one."""
+    object of the preview applied through Kueue's webhooks. `queues(env, cluster, name=...)` starts another one;
+    `jobset=True` runs the JobSet controller there too, started before Kueue so its JobSet integration finds the
+    CRD."""
     running: dict[str, tuple[Cluster, Kueue | None, Queues | None]] = {}
+    jobsets: list[JobSetController] = []
 
-    def get(env: str, cluster: str, name: str = "") -> Queues:
+    def get(env: str, cluster: str, name: str = "", jobset: bool = False) -> Queues:
         name = name or f"kueue-{env}-{cluster}"
         if name not in running:
             out = cluster_folder / f"preview-{env}"
@@ -126,6 +131,9 @@ def queues(cluster_bins: binaries.Binaries, etcd: Etcd, cluster_folder: Path, ku
             control = Cluster(name, cluster_bins, etcd, cluster_folder / name, kwok_config=KWOK_STAGES)
             running[name] = (control, None, None)
             kube = Kube(control.kubeconfig)
+            if jobset:
+                jobsets.append(JobSetController.start(control, kube, built_or_fail(*find_jobset()),
+                                                      cluster_folder / name / "jobset"))
             values = out / "helm-values" / cluster / "kueue.yaml"
             manager = Kueue.start(control, kube, kueue_build, rendered_configuration(values),
                                   cluster_folder / name / "kueue", rendered_feature_gates(values))
@@ -133,6 +141,7 @@ def queues(cluster_bins: binaries.Binaries, etcd: Etcd, cluster_folder: Path, ku
             running[name] = (control, manager, Queues(bring_up(env, cluster, kube, out), manager))
         control, manager, found = running[name]
         dead = control.alive() + ([manager.alive()] if manager and manager.alive() else [])
+        dead += [j.alive() for j in jobsets if j.cluster is control and j.alive()]
         assert not dead, "\n".join(dead)
         assert found is not None
         return found
@@ -143,4 +152,7 @@ def queues(cluster_bins: binaries.Binaries, etcd: Etcd, cluster_folder: Path, ku
         for control, manager, _ in running.values():
             if manager is not None:
                 manager.stop()
+            for j in jobsets:
+                if j.cluster is control:
+                    j.stop()
             control.stop()

@@ -55,7 +55,12 @@ class Kube:
                  impersonate: str | None = None, impersonate_group: str | None = None) -> None:
         configuration = client.Configuration()
         config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        # Discovery (which resource serves a kind: metadata, no object) goes as the admin, so a ServiceAccount's
+        # client finds a custom resource without the discovery rights of its own; every request carries the token.
+        discovery = client.ApiClient(configuration)
         if token is not None:  # the same server and CA, a ServiceAccount's identity instead of the admin's
+            configuration = client.Configuration()
+            config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
             configuration.cert_file = configuration.key_file = None
             configuration.api_key = {}
         self.token = token
@@ -63,7 +68,7 @@ class Kube:
         self.impersonate_group = impersonate_group  # and a group for it (one: the header takes one value here)
         self.kubeconfig = kubeconfig
         self.api = client.ApiClient(configuration)
-        self.dynamic = DynamicClient(self.api)
+        self.dynamic = DynamicClient(discovery)
 
     # ---------------------------------------------------------------- discovery and raw requests
 

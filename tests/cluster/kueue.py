@@ -22,7 +22,6 @@ Only these, the listening addresses and the certificate directory differ from th
 
 from __future__ import annotations
 
-import base64
 import copy
 import os
 import shutil
@@ -36,7 +35,8 @@ from typing import Any
 
 import yaml
 
-from tests.cluster import bins
+from tests.cluster import bins, controllers
+from tests.cluster.controllers import WEBHOOK_KINDS
 from tests.cluster.controlplane import Cluster, Process, free_port, spawn, wait_until
 from tests.cluster.kube import Kube, eventually
 
@@ -46,8 +46,6 @@ MANAGER = "kueue-install"  # field manager of the objects from Kueue's own manif
 KWOK_STAGES = Path(__file__).with_name("kwok-stages-long-running.yaml")
 # Parts of Kueue's manifest a local process does not use (see the module docstring).
 NOT_INSTALLED = frozenset({"Namespace", "ConfigMap", "Secret", "Service", "Deployment", "APIService"})
-WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
-AUDIENCE = "https://kubernetes.default.svc.cluster.local"  # the test API server's issuer and default audience
 
 
 def folder() -> Path:
@@ -83,40 +81,20 @@ def rendered_feature_gates(helm_values: Path) -> dict[str, bool]:
     return {g["name"]: bool(g["enabled"]) for g in values.get("controllerManager", {}).get("featureGates", [])}
 
 
-def _url_config(client_config: dict[str, Any], base: str, ca_bundle: str) -> dict[str, Any]:
-    path = client_config.get("service", {}).get("path", "")
-    return {"url": f"{base}{path}", "caBundle": ca_bundle}
-
-
 def _is_job_webhook(webhook: dict[str, Any]) -> bool:
     return not any("kueue.x-k8s.io" in rule.get("apiGroups", []) for rule in webhook.get("rules", []))
 
 
 def localised(obj: dict[str, Any], base: str, ca_bundle: str) -> dict[str, Any]:
     """An object of Kueue's manifest with every webhook reached at `base` (https://127.0.0.1:port)."""
-    obj = copy.deepcopy(obj)
+    obj = controllers.localised(obj, base, ca_bundle)
     if obj["kind"] in WEBHOOK_KINDS:
         for webhook in obj["webhooks"]:
-            webhook["clientConfig"] = _url_config(webhook["clientConfig"], base, ca_bundle)
             if _is_job_webhook(webhook):
                 # As the chart renders them when the Configuration sets no managedJobsNamespaceSelector.
                 webhook.setdefault("namespaceSelector", {"matchExpressions": [{
                     "key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NAMESPACE]}]})
-    elif obj["kind"] == "CustomResourceDefinition":
-        conversion = obj["spec"].get("conversion", {})
-        if conversion.get("strategy") == "Webhook":
-            conversion["webhook"]["clientConfig"] = _url_config(conversion["webhook"]["clientConfig"], base,
-                                                                ca_bundle)
     return obj
-
-
-def service_account_token(kube: Kube, namespace: str, name: str, seconds: int = 86400) -> str:
-    """A TokenRequest token valid for a whole test session (Kueue holds it for as long as it runs)."""
-    answer = kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"audiences": [AUDIENCE], "expirationSeconds": seconds}})
-    assert answer.allowed, answer.message
-    return str(answer.body["status"]["token"])
 
 
 def _mount_namespace() -> list[str]:
@@ -177,23 +155,14 @@ class Kueue:
 
     @property
     def ca_bundle(self) -> str:
-        return base64.b64encode(Path(self.cluster.pki.path("ca.crt")).read_bytes()).decode()
+        return controllers.ca_bundle(self.cluster)
 
     def _install(self) -> None:
         """Kueue's CRDs and RBAC from its own manifest (the webhooks once it serves them), its certificates."""
         self.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}, dry_run=False)
-        objects = [localised(o, self.base, self.ca_bundle) for o in install_manifest(self.build)
-                   if o["kind"] not in NOT_INSTALLED and o["kind"] not in WEBHOOK_KINDS]
-        for obj in sorted(objects, key=lambda o: o["kind"] != "CustomResourceDefinition"):
-            answer = self.kube.apply(obj, manager=MANAGER)
-            assert answer.allowed, f"{obj['kind']} {obj['metadata']['name']}: {answer.message}"
-        for crd in (o for o in objects if o["kind"] == "CustomResourceDefinition"):
-            name = crd["metadata"]["name"]
-            eventually(lambda name=name: any(
-                c["type"] == "Established" and c["status"] == "True" for c in
-                (self.kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name) or {})
-                .get("status", {}).get("conditions", [])), what=f"CRD {name} established")
-        self.kube.dynamic.resources.invalidate_cache()
+        controllers.apply_manifest(self.kube, [
+            localised(o, self.base, self.ca_bundle) for o in install_manifest(self.build)
+            if o["kind"] not in NOT_INSTALLED and o["kind"] not in WEBHOOK_KINDS], MANAGER)
         pki = self.cluster.pki
         pki.issue("kueue", f"kueue-webhook-service.{NAMESPACE}.svc", server=True)  # its SANs hold 127.0.0.1
         for sub in ("webhook-certs", "metrics-certs", "etc/upper", "etc/work"):
@@ -201,13 +170,7 @@ class Kueue:
         for sub in ("webhook-certs", "metrics-certs"):
             shutil.copy(pki.path("kueue.crt"), self.work / sub / "tls.crt")
             shutil.copy(pki.path("kueue.key"), self.work / sub / "tls.key")
-        token = service_account_token(self.kube, NAMESPACE, SERVICE_ACCOUNT)
-        (self.work / "kubeconfig").write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kueue",
-            "clusters": [{"name": "test", "cluster": {"server": self.cluster.server,
-                                                      "certificate-authority": pki.path("ca.crt")}}],
-            "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
-            "contexts": [{"name": "kueue", "context": {"cluster": "test", "user": SERVICE_ACCOUNT}}]}))
+        controllers.write_kubeconfig(self.work / "kubeconfig", self.cluster, self.kube, NAMESPACE, SERVICE_ACCOUNT)
         (self.work / "kueue-config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
 
     def _ready(self) -> bool:

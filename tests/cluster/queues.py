@@ -15,6 +15,7 @@ from tests.cluster.kueue import Kueue
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"  # on every Job and pod a JobSet's controller makes
 _names = itertools.count()
 
 
@@ -78,7 +79,11 @@ class Queues:
         return answer
 
     def pods(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        """The pods of a Job, or of every Job of a JobSet (which carry the JobSet's name in a label)."""
         meta = obj["metadata"]
+        if obj["kind"] == "JobSet":
+            return [p for p in self.kube.list("v1", "Pod", meta["namespace"])
+                    if p["metadata"].get("labels", {}).get(JOBSET_NAME_LABEL) == meta["name"]]
         return [p for p in self.kube.list("v1", "Pod", meta["namespace"])
                 if any(r["kind"] == "Job" and r["name"] == meta["name"]
                        for r in p["metadata"].get("ownerReferences", []))]
@@ -97,12 +102,11 @@ class Queues:
         eventually(lambda: is_true(self.get(obj), "Complete"), what=f"Job {obj['metadata']['name']} complete")
 
     def delete(self, obj: dict[str, Any]) -> None:
-        meta = obj["metadata"]
-        self.kube.request("DELETE", f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs/{meta['name']}",
-                          {"propagationPolicy": "Background"})
+        self.kube.request("DELETE", self.kube.path(obj), {"propagationPolicy": "Background"})
 
     def clean_up(self) -> None:
-        """Every Job submitted deleted, and their Workloads gone, so the next test finds the queues empty."""
+        """Every Job (and JobSet) submitted deleted, and their Workloads gone, so the next test finds the queues
+        empty."""
         for obj in self.jobs:
             self.delete(obj)
         for obj in self.jobs:
@@ -134,8 +138,9 @@ class Queues:
         return wl
 
     def wait_running(self, obj: dict[str, Any], timeout: float = 60) -> list[dict[str, Any]]:
-        """The Job resumed by Kueue and every pod of it Running on a node."""
-        want = obj["spec"]["parallelism"]
+        """The Job (or JobSet) resumed by Kueue and every pod of it Running on a node."""
+        want = (sum(r.get("replicas", 1) * r["template"]["spec"].get("parallelism", 1)
+                    for r in obj["spec"]["replicatedJobs"]) if obj["kind"] == "JobSet" else obj["spec"]["parallelism"])
 
         def running() -> list[dict[str, Any]] | None:
             pods = [p for p in self.pods(obj) if p.get("status", {}).get("phase") == "Running"

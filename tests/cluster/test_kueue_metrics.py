@@ -33,8 +33,8 @@ from gpushare.render.monitoring import dashboards
 from gpushare.render.monitoring.grafana import panel_queries
 from gpushare.render.monitoring.promql import substitute_variables
 from gpushare.render.monitoring.rules import prometheus_rule_groups
+from tests.cluster.controllers import service_account_token
 from tests.cluster.kube import eventually
-from tests.cluster.kueue import service_account_token
 from tests.cluster.queues import Queues, job
 from tests.prometheus.server import prometheus_server
 

@@ -21,6 +21,7 @@ RESOURCES = {
     "ConfigMap": ("", "configmaps"), "Secret": ("", "secrets"),
     "ResourceClaim": ("resource.k8s.io", "resourceclaims"),
     "ResourceClaimTemplate": ("resource.k8s.io", "resourceclaimtemplates"),
+    "JobSet": ("jobset.x-k8s.io", "jobsets"),
 }
 
 

@@ -88,6 +88,17 @@ def controller(kind: str, pod: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": CONTROLLERS[kind], "kind": kind, "metadata": meta, "spec": spec}
 
 
+def jobset(pod: dict[str, Any], replicas: int = 2) -> dict[str, Any]:
+    """A JobSet (jobset.x-k8s.io/v1alpha2) of `replicas` Jobs whose pod template is `pod`; the pod's Kueue labels go
+    on the JobSet itself, where Kueue's JobSet integration reads them."""
+    job = controller("Job", pod)
+    meta = {"name": "eval", "namespace": pod["metadata"]["namespace"], **(
+        {"labels": job["metadata"]["labels"]} if "labels" in job["metadata"] else {})}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": meta,
+            "spec": {"replicatedJobs": [{"name": "workers", "replicas": replicas,
+                                         "template": {"spec": job["spec"]}}]}}
+
+
 SUSPENDED_BY_PARENT = "kueue.x-k8s.io/pod-suspending-parent"
 
 
@@ -109,7 +120,7 @@ def kueue_webhook(obj: dict[str, Any]) -> dict[str, Any]:
                 gates.append({"name": KUEUE_GATE})
             meta.setdefault("finalizers", []).append("kueue.x-k8s.io/managed")
             meta.setdefault("labels", {})["kueue.x-k8s.io/managed"] = "true"
-    elif kind == "Job" and queued:
+    elif kind in ("Job", "JobSet") and queued:
         out["spec"]["suspend"] = True
     elif kind in ("Deployment", "StatefulSet") and queued:
         template = out["spec"]["template"].setdefault("metadata", {})

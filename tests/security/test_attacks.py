@@ -15,12 +15,20 @@ import kubernetes_validate
 import pytest
 
 from gpushare.core.namespaces import KUEUE_GATE, QUEUE_LABEL, TRUST_LABEL, WORKLOAD_PRIORITY_LABEL
-from gpushare.policy.admission import DATA_POLICIES, JOB_CONTROLLER_USERS, POLICIES, kueue_user
+from gpushare.policy.admission import (
+    DATA_POLICIES,
+    JOB_CONTROLLER_USERS,
+    JOBSETS_POLICY,
+    POLICIES,
+    jobset_user,
+    kueue_user,
+)
 from tests.security.cel_admission import Request, admit, namespace
 from tests.security.tenants import (
     CONTROLLERS,
     controller,
     example_pod,
+    jobset,
     kueue_webhook,
     policy_objects,
     tenant_namespace,
@@ -643,6 +651,87 @@ ATTACKS += [
     Attack("configmap-update-keeps-an-old-key", data_update("ConfigMap", {"NVIDIA_DRIVER_CAPABILITIES": "all"}, {
         "NVIDIA_DRIVER_CAPABILITIES": "all", "APP_MODE": "eval"}), ALLOW),
 ]
+
+
+# ---------------------------------------------------------------- JobSets (Kueue's JobSet integration)
+# A CRD, so kept out of ATTACKS (whose objects are validated against the built-in schemas): tests/cluster/
+# test_jobset.py sends the same requests to a real API server with JobSet's CRD and the JobSet controller.
+JOBSET = jobset_user()
+
+
+def jobset_create(change: Callable[[dict[str, Any]], Any] | None = None, pod_change: Callable[[dict[str, Any]], Any]
+                  | None = None, unmutated: Callable[[dict[str, Any]], Any] | None = None) -> Callable[[], Request]:
+    """A JobSet of the example pod (with `pod_change`), `change`d before Kueue's webhook mutates it and `unmutated`
+    after (what reaches validation where Kueue's webhook does not run)."""
+    def build() -> Request:
+        obj = jobset(pod("partner", pod_change))
+        if change is not None:
+            change(obj)
+        obj = kueue_webhook(obj)
+        if unmutated is not None:
+            unmutated(obj)
+        return Request(obj, ns_for("partner"))
+    return build
+
+
+def jobset_update(change: Callable[[dict[str, Any]], Any], user: str = "alice") -> Callable[[], Request]:
+    def build() -> Request:
+        old = kueue_webhook(jobset(pod("partner")))
+        new = copy.deepcopy(old)
+        change(new)
+        return Request(new, ns_for("partner"), operation="UPDATE", old_object=old, username=user)
+    return build
+
+
+def owned_by_jobset(obj: dict[str, Any]) -> None:
+    obj["metadata"]["ownerReferences"] = [{
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "eval", "controller": True,
+        "blockOwnerDeletion": True, "uid": "0c5d1a9e-2b7f-4c3d-8e6a-1f2b3c4d5e6f"}]
+
+
+def jobsets_job(user: str, owner: Callable[[dict[str, Any]], Any] | None = owned_by_jobset, operation: str = "CREATE"
+                ) -> Callable[[], Request]:
+    """A Job as the JobSet controller makes it: the JobSet's labels but no queue label, not suspended (CREATE), or
+    resumed (UPDATE), owned by the JobSet."""
+    def build() -> Request:
+        obj = controller("Job", pod("partner", label(QUEUE_LABEL, None)))
+        if owner is not None:
+            owner(obj)
+        if operation == "CREATE":
+            obj["spec"]["suspend"] = False
+            return Request(obj, ns_for("partner"), username=user)
+        old = copy.deepcopy(obj)
+        old["spec"]["suspend"] = True
+        obj["spec"]["suspend"] = False
+        return Request(obj, ns_for("partner"), operation="UPDATE", old_object=old, username=user)
+    return build
+
+
+JOBSET_ATTACKS = [
+    Attack("queued-gpu-jobset", jobset_create(), ALLOW),
+    Attack("cpu-jobset-without-queue", jobset_create(pod_change=then(cpu_only, label(QUEUE_LABEL, None))), ALLOW),
+    Attack("gpu-jobset-without-queue-label", jobset_create(lambda o: o["metadata"].pop("labels", None)),
+           f"deny:{JOBSETS_POLICY}"),
+    Attack("gpu-jobset-another-queue", jobset_create(lambda o: o["metadata"]["labels"].update(
+        {QUEUE_LABEL: "other"})), f"deny:{JOBSETS_POLICY}"),
+    Attack("gpu-jobset-created-running", jobset_create(unmutated=lambda o: o["spec"].update(suspend=False)),
+           f"deny:{JOBSETS_POLICY}"),
+    Attack("tenant-resumes-queued-jobset", jobset_update(resume), f"deny:{JOBSETS_POLICY}"),
+    Attack("kueue-resumes-queued-jobset", jobset_update(resume, user=KUEUE), ALLOW),
+    Attack("jobset-queue-label-removed", jobset_update(lambda o: o["metadata"]["labels"].pop(QUEUE_LABEL)),
+           f"deny:{JOBSETS_POLICY}"),
+    Attack("jobset-controller-creates-a-jobsets-job", jobsets_job(JOBSET), ALLOW),
+    Attack("jobset-controller-resumes-a-jobsets-job", jobsets_job(JOBSET, operation="UPDATE"), ALLOW),
+    Attack("tenant-passes-a-job-off-as-a-jobsets", jobsets_job("alice"), f"deny:{QUEUED}"),
+    Attack("tenant-resumes-a-jobsets-job", jobsets_job("alice", operation="UPDATE"), f"deny:{QUEUED}"),
+    Attack("jobset-controller-job-without-a-jobset-owner", jobsets_job(JOBSET, owner=None), f"deny:{QUEUED}"),
+    Attack("jobset-controller-job-owned-by-another-kind", jobsets_job(JOBSET, owner=owned_by_job), f"deny:{QUEUED}"),
+]
+
+
+@pytest.mark.parametrize("attack", JOBSET_ATTACKS, ids=[a.id for a in JOBSET_ATTACKS])
+def test_jobset_attack(attack: Attack) -> None:
+    test_attack(attack)
 
 
 def test_the_suite_is_broad() -> None:

@@ -33,7 +33,7 @@ from gpushare.core.tenancy import (
     priority_class_names,
 )
 from gpushare.policy.admission import Deployer, DraClaims, admission_objects, kueue_user, pool_taints
-from gpushare.program.stack_config import ChartSource, KueueSettings
+from gpushare.program.stack_config import ChartSource, JobSetSettings, KueueSettings
 
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 KUEUE_VERSION = "0.19.2"
@@ -62,6 +62,7 @@ class TenancyArgs:
     cluster: spec.Cluster
     guardrails: Guardrails
     kueue: KueueSettings
+    jobset: JobSetSettings = field(default_factory=lambda: JobSetSettings.model_validate({}))
     # Namespaces this stack deploys infrastructure into (operator, Kueue, monitoring): never a tenant's.
     infrastructure_namespaces: tuple[str, ...] = ()
     deployer: Deployer = field(default_factory=Deployer)
@@ -215,7 +216,8 @@ class Tenancy(pulumi.ComponentResource):
         for obj in admission_objects(args.deployer, excluded, dra_claims(args.fleet, args.cluster),
                                      pool_taints(tenancy), kueue_identity,
                                      enforcement=adoption.admission if adoption else "deny",
-                                     priority_classes=priority_class_names(args.fleet)):
+                                     priority_classes=priority_class_names(args.fleet),
+                                     jobset=args.jobset.user()):
             res_name = f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}"
             if obj["kind"] == "ValidatingAdmissionPolicy":
                 ValidatingAdmissionPolicy(res_name, metadata=_meta(obj), spec=obj["spec"], opts=k8s)
