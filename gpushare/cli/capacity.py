@@ -9,23 +9,44 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpushare.cli.common import EndOption, EnvOption, PrometheusOption, TimeoutOption
-from gpushare.core.errors import GpushareError
+from gpushare.cli.common import EndOption, EnvOption, PrometheusOption, TimeoutOption, fail, print_records
+from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import write_with
 from gpushare.ops.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     from gpushare.ops.capacity import Recommendation
+    from gpushare.ops.capacity.workloads import PoolWorkloads
 
 
-def _chart(recs: list[Recommendation], path: Path, environment: str, window: str) -> None:
+def _chart(recs: list[Recommendation], path: Path, environment: str, window: str,
+           workloads: dict[str, PoolWorkloads] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     shown = [r for r in recs if r.utilization_now is not None]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(shown) + 2), 4.5))
+    # Shared pools with per-pod series: a second panel, each workload's replica p95 SM share beside its fair share.
+    per_workload = [(f"{s.pool}\n{f.evidence.namespace}/{f.evidence.workload}", f)
+                    for s in (workloads or {}).values() if s.available for f in s.workloads]
+    fig, axes = plt.subplots(1, 2 if per_workload else 1, squeeze=False,
+                             figsize=(max(6.0, 1.4 * len(shown) + 2) + (1.2 * len(per_workload) + 2
+                                                                          if per_workload else 0), 4.5))
+    ax = axes[0][0]
+    if per_workload:
+        wx = axes[0][1]
+        xs_w = range(len(per_workload))
+        wx.bar(list(xs_w), [100 * (f.evidence.sm_p95 or 0) for _, f in per_workload], width=0.5,
+               color=["tab:red" if f.crowds or f.crowds_memory else "tab:green" for _, f in per_workload],
+               label="replica SM share p95")
+        wx.scatter(list(xs_w), [100 * f.fair_share for _, f in per_workload], marker="_", s=400, color="black",
+                   label="fair share", zorder=3)
+        wx.set_xticks(list(xs_w), [name for name, _ in per_workload], fontsize=7)
+        wx.set_ylabel("share of the GPU's SM (%)")
+        wx.set_ylim(0, 100)
+        wx.set_title("per workload on shared pools (red: crowds its GPU)")
+        wx.legend()
     xs = range(len(shown))
     now = [100 * (r.utilization_now or 0) for r in shown]
     projected = [100 * (r.utilization_projected if r.utilization_projected is not None else r.utilization_now or 0)
@@ -67,8 +88,7 @@ def capacity_command(
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from gpushare.cli.common import fail
-    from gpushare.ops.capacity import run_capacity
+    from gpushare.ops.capacity import run_capacity  # lazy: pydantic models and Jinja2, ~0.3 s to import
 
     started = time.perf_counter()
     console = Console(stderr=True, highlight=False)
@@ -86,7 +106,7 @@ def capacity_command(
 
     fleet, recs, proposal = report.fleet, report.recommendations, report.proposal
     if chart is not None:
-        _chart(recs, chart, fleet.environment, window)
+        _chart(recs, chart, fleet.environment, window, report.workloads)
     summary: dict[str, Any] = {**report.as_dict(), "chart": str(chart) if chart else None,
                                "seconds": round(time.perf_counter() - started, 3)}
     if as_json:
@@ -94,8 +114,6 @@ def capacity_command(
         return
     out = Console(highlight=False)
     from rich.text import Text
-
-    from gpushare.cli.common import print_records
 
     rows: list[dict[str, str | Text]] = []
     for r in recs:
@@ -118,6 +136,8 @@ def capacity_command(
             util += f" → {r.utilization_projected:.0%}"
         lines = [Text(f"why: {x}") for x in r.reasons] + [Text(e) for e in r.evidence] + \
             [Text.assemble(("gap", "yellow"), f": {g}") for g in r.gaps] + [Text(f"note: {n}") for n in r.notes]
+        if r.pool in report.workloads:  # shared pools: which workloads drive the GPUs (per-process exporter)
+            lines += [Text(x) for x in report.workloads[r.pool].lines()]
         rows.append({"pool": r.pool, "sharing": r.sharing, "now": now, "proposed": proposed,
                      "utilization now → projected": util, "evidence": Text("\n").join(lines)})
     # Narrower than the table: a block per pool headed "pool  sharing", so no name or word is split.
@@ -138,10 +158,8 @@ def _backfill(env: str, prometheus: str, window: str, end: float | None, out: Pa
               as_json: bool, console: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from gpushare.cli.common import fail
-    from gpushare.core.errors import Problem
-    from gpushare.ops.backfill import run_backfill
-    from gpushare.ops.capacity import _check_options
+    from gpushare.ops.backfill import run_backfill  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.ops.capacity import _check_options  # lazy: pydantic models and Jinja2, ~0.3 s to import
 
     try:
         if out is None:

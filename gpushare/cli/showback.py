@@ -20,20 +20,28 @@ if TYPE_CHECKING:
 
 CSV_COLUMNS = ("tenant", "pool", "model", "sharing", "allocated_gpu_hours", "memory_gpu_hours", "used_gpu_hours",
                "cost")
+USE_COLUMNS = ("sm_gpu_hours", "gpu_hours")  # --basis use: measured SM GPU-hours, and the GPU-hours charged
+
+
+def _hours(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
 
 
 def _csv(rows: list[Row], report: ShowbackReport) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    use = report.basis == "use"
+    writer.writerow(CSV_COLUMNS + (USE_COLUMNS if use else ()))
     for row in rows:
         writer.writerow([row.tenant, row.pool, row.model, row.sharing, f"{row.allocated_gpu_hours:.4f}",
                          f"{row.memory_gpu_hours:.4f}",
                          "" if row.used_gpu_hours is None else f"{row.used_gpu_hours:.4f}",
-                         "" if row.cost is None else f"{row.cost:.2f}"])
+                         "" if row.cost is None else f"{row.cost:.2f}",
+                         *((_hours(row.sm_gpu_hours), _hours(row.gpu_hours)) if use else ())])
     for idle in report.idle:
         writer.writerow(["(idle)", idle.pool, idle.model, "", f"{idle.gpu_hours:.4f}", "", "",
-                         "" if idle.cost is None else f"{idle.cost:.2f}"])
+                         "" if idle.cost is None else f"{idle.cost:.2f}",
+                         *(("", f"{idle.gpu_hours:.4f}") if use else ())])
     return out.getvalue()
 
 
@@ -47,7 +55,7 @@ def _chart(report: ShowbackReport, path: Path) -> None:
     bars: dict[str, dict[str, float]] = {}
     for row in report.rows:
         bars.setdefault(row.tenant, {}).setdefault(row.model, 0.0)
-        bars[row.tenant][row.model] += row.allocated_gpu_hours
+        bars[row.tenant][row.model] += row.gpu_hours
     for idle in report.idle:
         bars.setdefault("(idle)", {}).setdefault(idle.model, 0.0)
         bars["(idle)"][idle.model] += max(0.0, idle.gpu_hours)
@@ -59,7 +67,7 @@ def _chart(report: ShowbackReport, path: Path) -> None:
         heights = [bars[n].get(model, 0.0) for n in names]
         ax.bar(names, heights, bottom=bottom, label=model)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    ax.set_ylabel("GPU-hours allocated")
+    ax.set_ylabel("GPU-hours allocated" if report.basis == "allocation" else "GPU-hours charged by use")
     ax.set_title(f"gpushare showback: {report.fleet.environment}, last {report.window} "
                  f"(coverage {report.coverage:.0%})")
     ax.legend(fontsize=8)
@@ -74,16 +82,21 @@ def _table(rows: list[Row], report: ShowbackReport, by: str) -> None:
     from gpushare.cli.common import print_records
 
     money = report.currency or ""
-    columns = ("tenant", "pool", "model", "sharing", "GPU-hours", "memory GPU-hours", "used", f"cost {money}".strip())
-    cells = [[row.tenant, row.pool, row.model, row.sharing, f"{row.allocated_gpu_hours:.1f}",
+    use = report.basis == "use"
+    columns = ("tenant", "pool", "model", "sharing", "GPU-hours", *(("allocated", "SM use") if use else ()),
+               "memory GPU-hours", "used", f"cost {money}".strip())
+    cells = [[row.tenant, row.pool, row.model, row.sharing, f"{row.gpu_hours:.1f}",
+              *((f"{row.allocated_gpu_hours:.1f}", "" if row.sm_gpu_hours is None else f"{row.sm_gpu_hours:.1f}")
+                if use else ()),
               f"{row.memory_gpu_hours:.1f}",
               "allocation only" if row.used_gpu_hours is None else f"{row.used_gpu_hours:.1f}",
               "-" if row.cost is None else f"{row.cost:.2f}"] for row in rows]
-    cells += [["(idle)", idle.pool, idle.model, "", f"{idle.gpu_hours:.1f}", "", "",
+    cells += [["(idle)", idle.pool, idle.model, "", f"{idle.gpu_hours:.1f}", *(("", "") if use else ()), "", "",
                "-" if idle.cost is None else f"{idle.cost:.2f}"] for idle in report.idle]
     out = Console(highlight=False)
     # Narrower than the table: a block per row headed "tenant  pool".
-    print_records(out, f"gpushare showback: {report.fleet.environment}, last {report.window}, by {by}", columns,
+    basis = ", charged by use on time-sliced and MPS GPUs" if use else ""
+    print_records(out, f"gpushare showback: {report.fleet.environment}, last {report.window}, by {by}{basis}", columns,
                   [dict(zip(columns, c, strict=True)) for c in cells], heading=("tenant", "pool"), show_lines=False)
     out.print(f"physical GPU-hours: {report.physical_gpu_hours:.1f} (coverage {report.coverage:.1%} of the "
               f"window; from {'recording rules' if report.source == 'recorded' else 'raw exporter series'})")
@@ -101,6 +114,9 @@ def showback_command(
     by: Annotated[str, typer.Option("--by", help="Group the table and CSV by tenant, pool or model.")] = "tenant",
     source: Annotated[str, typer.Option("--source", help="auto: gpushare's recording rules where they cover the "
                                         "window, else raw exporter series; or force recorded / raw.")] = "auto",
+    basis: Annotated[str, typer.Option("--basis", help="allocation: GPU-hours by what each tenant held; use: "
+                                       "time-sliced and MPS GPUs split by measured SM use (gpushare's process "
+                                       "exporter), the unused rest by allocation.")] = "allocation",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     csv_file: Annotated[Path | None, typer.Option("--csv", help="Write the rows and idle lines as CSV.")] = None,
     chart: Annotated[Path | None, typer.Option("--chart", help="Write a PNG: GPU-hours per tenant and idle, "
@@ -113,7 +129,7 @@ def showback_command(
 
     try:
         report = run_showback(env, prometheus, window, end, prices, source, by,
-                              ((csv_file, "--csv"), (chart, "--chart")), timeout=timeout)
+                              ((csv_file, "--csv"), (chart, "--chart")), timeout=timeout, basis=basis)
     except GpushareError as err:
         raise fail(err, as_json) from None
     rows = grouped(report.rows, by)

@@ -11,6 +11,8 @@ from pydantic import Field, field_validator, model_validator
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.loading import Strict, invalid, load_model
 from gpushare.core.paths import check_inside_workspace, project_root
+from gpushare.core.reading import parse_yaml
+from gpushare.core.revision import Revision
 from gpushare.core.spec import VERSION_PATTERN, version_tuple
 
 Version = Annotated[str, Field(pattern=VERSION_PATTERN)]
@@ -149,6 +151,15 @@ class MonitoringPolicy(Strict):
     queue_wait_seconds: float = Field(gt=0)
     contended_for: Duration
     absent_for: Duration
+    # Shared GPUs, from the per-process exporter (role gpu_process_exporter). Defaults, so that policies written
+    # before these alerts existed still load.
+    noisy_neighbour_share: Ratio = Field(0.8, description="Share of a time-sliced or MPS GPU's used SM time that "
+                                         "one tenant's pods take while another tenant's pod is active.")
+    noisy_neighbour_active_ratio: Ratio = Field(0.02, description="SM share above which a pod counts as active.")
+    noisy_neighbour_for: Duration = "15m"
+    idle_allocation_ratio: Ratio = Field(0.01, description="SM share below which a pod holding a GPU share is "
+                                         "idle.")
+    idle_allocation_for: Duration = "3d"
 
 
 class CapacityPolicy(Strict):
@@ -341,8 +352,6 @@ def load_guardrails(path: Path | None = None) -> Guardrails:
 def guardrails_text_at(ref: str, path: Path | None = None) -> tuple[str, str] | None:
     """(where, text) of policies/guardrails.yaml as Git has it at revision `ref`, symbolic links inside the tree
     followed; None where the file did not exist there."""
-    from gpushare.core.revision import Revision
-
     path = path or guardrails_path()
     revision = Revision.of(ref, path.absolute().parent)
     rel = revision.relative(path)
@@ -363,7 +372,6 @@ def non_waivable_at(ref: str, environment: str, path: Path | None = None) -> tup
     if found is None:
         return ()
     where, text = found
-    from gpushare.core.files import parse_yaml
 
     data = parse_yaml(text, where)
     envs = data.get("environments") if isinstance(data, dict) else None

@@ -5,7 +5,13 @@ a whole GPU 1, a MIG instance its compute slices over the GPU's (memory slices b
 replica 1/replicas. Idle is each pool's physical GPU-hours less what its tenants held, so rows plus idle equal
 the physical GPU-hours. Every figure counts only the steps where DCGM reports the pool's GPUs: a gap in the data
 lowers `coverage`, never anyone's hours. Used hours are DCGM's busy share where the exporter names the pod (whole
-GPUs, MIG instances); on time-sliced and MPS GPUs it cannot, so they are null (allocation only)."""
+GPUs, MIG instances); on time-sliced and MPS GPUs it cannot, so they are null (allocation only).
+
+`--basis use` charges time-sliced and MPS pools by measured use instead, from gpushare's per-process exporter
+(role gpu_process_exporter): each tenant's SM GPU-hours, plus the unused remainder of the pool's physical
+GPU-hours split by allocation as the allocation basis splits it (tenants in proportion to what they held, idle the
+unallocated part), so rows plus idle still equal the physical GPU-hours. Whole GPUs and MIG instances stay on the
+allocation basis: use does not change who holds hardware-isolated capacity."""
 
 from __future__ import annotations
 
@@ -24,9 +30,12 @@ from gpushare.core.prices import PriceTable, load_prices, prices_path
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve_env
 from gpushare.ops.diagnose import diagnose_join
 from gpushare.ops.prometheus import QUERY_SECONDS, Prometheus, check_window
-from gpushare.render.monitoring import rules as r
+from gpushare.render.monitoring import expressions as r
 
 SOURCES = ("auto", "recorded", "raw")
+BASES = ("allocation", "use")
+USE_BASED = ("time-slicing", "mps")  # sharing kinds whose hours --basis use splits by measured SM use
+SM_METRIC = "gpushare_pod_gpu_sm_utilization_ratio"
 GROUPINGS = ("tenant", "pool", "model")
 MEASURED = ("exclusive", "mig")  # sharing kinds whose busy time DCGM attributes to a pod
 
@@ -41,11 +50,20 @@ class Row:
     used_gpu_hours: float | None
     cost: float | None = None
     memory_gpu_hours: float = 0.0  # MIG: the instances' memory slices over the GPU's, for the same hours
+    sm_gpu_hours: float | None = None  # --basis use: measured SM GPU-hours on time-sliced and MPS GPUs
+    charged_gpu_hours: float | None = None  # --basis use: what the row is charged (None: its allocation)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"tenant": self.tenant, "pool": self.pool, "model": self.model, "sharing": self.sharing,
-                "allocated_gpu_hours": _round(self.allocated_gpu_hours), "used_gpu_hours": _round(self.used_gpu_hours),
-                "cost": _round(self.cost)}
+    @property
+    def gpu_hours(self) -> float:
+        """The GPU-hours the row is charged: its allocation, or on the use basis its use plus its part of the rest."""
+        return self.allocated_gpu_hours if self.charged_gpu_hours is None else self.charged_gpu_hours
+
+    def as_dict(self, basis: str = "allocation") -> dict[str, Any]:
+        out = {"tenant": self.tenant, "pool": self.pool, "model": self.model, "sharing": self.sharing,
+               "allocated_gpu_hours": _round(self.allocated_gpu_hours), "used_gpu_hours": _round(self.used_gpu_hours)}
+        if basis == "use":
+            out |= {"sm_gpu_hours": _round(self.sm_gpu_hours), "gpu_hours": _round(self.gpu_hours)}
+        return out | {"cost": _round(self.cost)}
 
 
 @dataclass
@@ -71,6 +89,7 @@ class ShowbackReport:
     idle: list[Idle]
     currency: str | None = None
     notes: list[str] = field(default_factory=list)
+    basis: str = "allocation"
 
     @property
     def coverage(self) -> float:
@@ -78,9 +97,11 @@ class ShowbackReport:
         return min(1.0, self.physical_gpu_hours / self.planned_gpu_hours) if self.planned_gpu_hours else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": True, "environment": self.fleet.environment, "window": self.window,
-                "physical_gpu_hours": _round(self.physical_gpu_hours), "coverage": round(self.coverage, 4),
-                "rows": [row.as_dict() for row in self.rows], "idle": [i.as_dict() for i in self.idle]}
+        head: dict[str, Any] = {"ok": True, "environment": self.fleet.environment, "window": self.window}
+        if self.basis != "allocation":
+            head["basis"] = self.basis
+        return head | {"physical_gpu_hours": _round(self.physical_gpu_hours), "coverage": round(self.coverage, 4),
+                       "rows": [row.as_dict(self.basis) for row in self.rows], "idle": [i.as_dict() for i in self.idle]}
 
 
 def _value(sample: dict[str, Any]) -> float | None:
@@ -171,10 +192,51 @@ def split(fleet: ResolvedFleet, physical: dict[str, float], allocated: list[tupl
     return sorted(rows.values(), key=lambda x: (x.tenant, x.pool)), idle, notes
 
 
+def split_by_use(fleet: ResolvedFleet, rows: list[Row], idle: list[Idle], sm: dict[tuple[str, str], float]
+                 ) -> tuple[list[Row], list[str]]:
+    """The use basis on time-sliced and MPS pools, from the allocation basis' rows and idle lines and `sm`
+    (namespace, pool) -> SM GPU-hours: per pool with physical GPU-hours P, a tenant's use U_t, the pool's use U and
+    the rest R = P - U, a tenant is charged U_t + R * A_t / P (A_t: the GPU-hours it held) and idle is
+    R * (P - A) / P, so rows plus idle stay P. Other pools keep the allocation basis. Rows are changed in place;
+    returns the rows (tenants that used a pool without holding anything there added) and notes."""
+    tenants = _tenants(fleet)
+    pools = {p.name: p for p in fleet.pools}
+    by_key = {(row.tenant, row.pool): row for row in rows}
+    notes: list[str] = []
+    for (namespace, pool), hours in sorted(sm.items()):
+        if pool not in pools or pools[pool].sharing not in USE_BASED or hours <= 0:
+            continue
+        tenant = tenants.get(namespace, namespace)
+        p = pools[pool]
+        row = by_key.setdefault((tenant, pool), Row(tenant, pool, pool_model(p), p.sharing, 0.0, None))
+        row.sm_gpu_hours = (row.sm_gpu_hours or 0.0) + hours
+    for line in idle:
+        if line.pool not in pools or pools[line.pool].sharing not in USE_BASED:
+            continue
+        pool_rows = [row for (_, pool), row in by_key.items() if pool == line.pool]
+        held = sum(row.allocated_gpu_hours for row in pool_rows)
+        physical = held + line.gpu_hours
+        if physical <= 0:
+            continue
+        used = sum(row.sm_gpu_hours or 0.0 for row in pool_rows)
+        scale = 1.0
+        if used > physical:  # more SM time than the pool's GPUs had: a double-counting exporter; keep the total
+            notes.append(f"{line.pool}: measured SM use ({used:.1f} GPU-hours) exceeds the physical GPU-hours "
+                         f"({physical:.1f}); use scaled down to fit")
+            scale, used = physical / used, physical
+        rest = physical - used
+        for row in pool_rows:
+            row.sm_gpu_hours = (row.sm_gpu_hours or 0.0) * scale
+            row.charged_gpu_hours = row.sm_gpu_hours + rest * row.allocated_gpu_hours / physical
+        line.gpu_hours = rest * (physical - held) / physical
+    return sorted(by_key.values(), key=lambda x: (x.tenant, x.pool)), notes
+
+
 def price(rows: list[Row], idle: list[Idle], table: PriceTable) -> None:
-    """Cost of each row and idle line: GPU-hours times the model's hourly price (mixed-model pools: the first)."""
+    """Cost of each row and idle line: GPU-hours charged (allocated, or on the use basis use plus a part of the
+    rest) times the model's hourly price (mixed-model pools: the first)."""
     for row in rows:
-        row.cost = row.allocated_gpu_hours * table.price(row.model.split(", ")[0])
+        row.cost = row.gpu_hours * table.price(row.model.split(", ")[0])
     for line in idle:
         line.cost = line.gpu_hours * table.price(line.model.split(", ")[0])
 
@@ -195,6 +257,9 @@ def grouped(rows: list[Row], by: str) -> list[Row]:
         acc = out[k]
         acc.allocated_gpu_hours += row.allocated_gpu_hours
         acc.memory_gpu_hours += row.memory_gpu_hours
+        acc.charged_gpu_hours = (acc.charged_gpu_hours or 0.0) + row.gpu_hours
+        if row.sm_gpu_hours is not None:
+            acc.sm_gpu_hours = (acc.sm_gpu_hours or 0.0) + row.sm_gpu_hours
         if row.used_gpu_hours is not None:
             acc.used_gpu_hours = (acc.used_gpu_hours or 0.0) + row.used_gpu_hours
         if row.cost is not None:
@@ -207,7 +272,10 @@ def grouped(rows: list[Row], by: str) -> list[Row]:
 # ---------------------------------------------------------------- the whole run
 
 
-def _check_options(source: str, window: str, by: str) -> None:
+def _check_options(source: str, window: str, by: str, basis: str = "allocation") -> None:
+    if basis not in BASES:
+        raise GpushareError(Problem(f"--basis {basis!r} is not a showback basis",
+                                    fix="use allocation (the default) or use"), exit_code=2)
     if source not in SOURCES:
         raise GpushareError(Problem(f"--source {source!r}", fix="use auto, recorded or raw"), exit_code=2)
     if not re.fullmatch(r"[1-9][0-9]*[smhdw]", window):
@@ -220,11 +288,12 @@ def _check_options(source: str, window: str, by: str) -> None:
 
 def run_showback(env: str, prometheus: str, window: str = "30d", end: float | None = None,
                  prices: Path | None = None, source: str = "auto", by: str = "tenant",
-                 outputs: tuple[tuple[Path | None, str], ...] = (), timeout: float = QUERY_SECONDS
-                 ) -> ShowbackReport:
+                 outputs: tuple[tuple[Path | None, str], ...] = (), timeout: float = QUERY_SECONDS,
+                 basis: str = "allocation") -> ShowbackReport:
     """Query Prometheus and split the window's physical GPU-hours between tenants and idle. `outputs` are
-    (path, option) pairs only checked here, before any work; `timeout` bounds each query (--timeout)."""
-    _check_options(source, window, by)
+    (path, option) pairs only checked here, before any work; `timeout` bounds each query (--timeout); `basis`
+    is allocation, or use (time-sliced and MPS pools by measured SM use, see split_by_use)."""
+    _check_options(source, window, by, basis)
     prom = Prometheus(prometheus, timeout=timeout)
     fleet = resolve_env(env)
     for path, option in outputs:
@@ -253,8 +322,45 @@ def run_showback(env: str, prometheus: str, window: str = "30d", end: float | No
     used = {(labels.get("namespace", ""), labels.get("pool", "")): v
             for labels, v in _hours(prom, "use", x["used"], window, step, at)}
     rows, idle, notes = split(fleet, physical, allocated, used)
+    if basis == "use":
+        sm = _sm_hours(prom, fleet, source, window, step, at, notes)
+        rows, more = split_by_use(fleet, rows, idle, sm)
+        notes += more
     if table is not None:
         price(rows, idle, table)
     planned = sum(p.totals.physical_gpus for p in fleet.pools) * duration_seconds(window) / 3600
     return ShowbackReport(fleet, window, at, source, sum(physical.get(p.name, 0.0) for p in fleet.pools), planned,
-                          rows, idle, table.currency if table else None, notes)
+                          rows, idle, table.currency if table else None, notes, basis)
+
+
+def _sm_hours(prom: Prometheus, fleet: ResolvedFleet, source: str, window: str, step: str, at: float,
+              notes: list[str]) -> dict[tuple[str, str], float]:
+    """(namespace, pool) -> SM GPU-hours on time-sliced and MPS GPUs over the window, from the per-process
+    exporter; an error where it has no series at all (never a silent fallback to the allocation basis)."""
+    shared = [p.name for p in fleet.pools if p.sharing in USE_BASED]
+    if not shared:
+        notes.append("no time-sliced or MPS pool: --basis use charges like --basis allocation")
+        return {}
+    present = prom.query("process exporter series", f"count(count_over_time({SM_METRIC}[{window}]))", at)
+    if not any((_value(s) or 0) > 0 for s in present):
+        raise GpushareError(Problem(
+            f"--basis use needs per-pod GPU use, but Prometheus has no {SM_METRIC} (gpushare_pod_gpu_*) series in "
+            f"the {window} before the end of the window: gpushare's per-process exporter does not run or is not "
+            f"scraped (pools {', '.join(shared)} are time-sliced or MPS)",
+            fix=f"run the Ansible role {r.PROCESS_EXPORTER_ROLE} on the GPU hosts (site.yml runs it after dcgm "
+                "unless gpu_process_exporter_enabled is false) and scrape its port (9835 by default), then wait for "
+                "data; or use --basis allocation (the default)"))
+    node_pool = f"(\n{r.NODE_POOL_EXPR}\n)"
+    expr = "gpushare:namespace_sm_used:gpus"
+    if source == "recorded":
+        recorded = prom.query("recorded SM use", f"count(count_over_time({expr}[{window}]))", at)
+        if not any((_value(s) or 0) > 0 for s in recorded):
+            notes.append(f"{expr} has no history in the window: SM use read from the exporter's raw series")
+            source = "raw"
+    if source != "recorded":
+        expr = r.sm_used_expr(node_pool)
+        physical = r.physical_gpus_expr(node_pool)
+    else:
+        physical = "gpushare:pool_physical_gpus:count"
+    return {(labels.get("namespace", ""), labels.get("pool", "")): v
+            for labels, v in _hours(prom, "SM use", f"({expr})\nand on (pool) ({physical})", window, step, at)}

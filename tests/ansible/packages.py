@@ -4,7 +4,8 @@ because the test hosts have no route out.
 
 Layout (each directory a flat repository, as NVIDIA's are):
   debian/                    the site's Debian mirror: containerd, runc, python3-yaml, python3-pynvml (NVML bindings
-                             that load the driver's NVML, as a site mirrors them), gpushare-testbed-node
+                             that load the driver's NVML, as a site mirrors them), gpushare-testbed-node,
+                             python3-grpcio, python3-protobuf and acl (the per-process GPU exporter's)
   nvidia-container-toolkit/  nvidia-container-toolkit{,-base}, libnvidia-container{1,-tools}: 1.18.2 and 1.17.8
   cuda/                      nvidia-driver-580 (the NVML simulator), nvidia-fabricmanager-580,
                              datacenter-gpu-manager-4-{core,cuda12,cuda13}
@@ -32,7 +33,10 @@ DRIVER_CUDA = 13000  # R580 drivers report CUDA 13.0
 TOOLKIT_VERSIONS = ("1.18.2", "1.17.8")
 DCGM_VERSION = "1:4.4.1-1"
 MIG_MANAGER_VERSION = "0.13.0-1"
-DEBIAN_DOWNLOADS = ("containerd", "runc", "python3-yaml", "libyaml-0-2")
+DEBIAN_DOWNLOADS = ("containerd", "runc", "python3-yaml", "libyaml-0-2",
+                    # the per-process GPU exporter's (role gpu_process_exporter): gRPC, protobuf, setfacl
+                    "python3-grpcio", "python3-protobuf", "libprotobuf32", "libabsl20220623", "libc-ares2", "libre2-9",
+                    "acl")
 
 _DCGM_PLUGINS = "usr/lib/x86_64-linux-gnu/datacenter-gpu-manager-4/plugins"
 

@@ -4,7 +4,8 @@ slot, all written to one OpenMetrics file and backfilled once (tests/prometheus/
 Labels follow the exporters (see tests/prometheus/scenarios.py): dcgm-exporter's hostname (Hostname on
 OLD_EXPORTER_NODES, whose exporters predate 4.6.0-4.8.3)/UUID/modelName, MIG's
 GPU_I_ID/GPU_I_PROFILE, `vgpu` with pod/namespace per replica on shared GPUs (the device's GR_ENGINE_ACTIVE
-copied to every replica's pod); kube-state-metrics' sanitised resources and `label_*` node labels."""
+copied to every replica's pod); kube-state-metrics' sanitised resources and `label_*` node labels; gpushare's
+per-process exporter's gpushare_pod_gpu_* series per pod container (scenario shared-use)."""
 
 from __future__ import annotations
 
@@ -174,6 +175,30 @@ def gap(h: History, start: int, end: int) -> None:
         gpu(h, "whole-node", 1, H100, a, b, 0.0)
 
 
+def shared_use(h: History, start: int, end: int) -> None:
+    """ts-pool's L4, time-sliced in 4 replicas: notebooks (nb) and research hold one each. gpushare's per-process
+    exporter measures notebooks' pod at 70% of the SM time (two containers, 50% + 20%), research's at 5%, and a host
+    process at 10% (pod="": nobody's). DCGM copies the device's busy share to both replicas' pods."""
+    node(h, "ts-node", "ts-pool", start, end)
+    holders = [("nb", "notebook-0"), ("research", "dev-0")]
+    for namespace, name in holders:
+        pod(h, namespace, name, "ts-node", "nvidia_com_gpu_shared", start, end)
+    shared_gpu(h, "ts-node", L4, start, end, 0.85, holders)
+    base = {host_label("ts-node"): "ts-node", "UUID": "GPU-ts-node-0", "gpu": "0", "share": "time-slicing",
+            "instance": "process-exporter-a"}  # GPU_I_ID="" and the host process' empty labels: left out
+    for namespace, name, container, tenant, sm, shares in (
+            ("nb", "notebook-0", "main", "notebooks", 0.5, 1), ("nb", "notebook-0", "sidecar", "notebooks", 0.2, 0),
+            ("research", "dev-0", "main", "", 0.05, 1), ("", "", "", "", 0.1, 0)):
+        named = {"namespace": namespace, "pod": name, "pod_uid": f"uid-{name}" if name else "",
+                 "container": container, "tenant": tenant}
+        labels = base | {k: v for k, v in named.items() if v}
+        h.add("gpushare_pod_gpu_sm_utilization_ratio", labels, start, end, sm)
+        h.add("gpushare_pod_gpu_memory_used_bytes", labels, start, end, 1e9)
+        h.add("gpushare_pod_gpu_allocated_shares", labels, start, end, shares)
+    for source in ("nvml", "podresources"):
+        h.add("gpushare_process_exporter_up", {"instance": "process-exporter-a", "source": source}, start, end, 1)
+
+
 SHOWBACK_ENV = Path(__file__).resolve().parent / "showback-test.yaml"
 MIG_ONLY_ENV = Path(__file__).resolve().parent / "mig-only.yaml"
 SCENARIOS: dict[str, tuple[Callable[[History, int, int], None], Path]] = {
@@ -183,6 +208,7 @@ SCENARIOS: dict[str, tuple[Callable[[History, int, int], None], Path]] = {
     "no-usage": (no_usage, SHOWBACK_ENV),
     "exporter-restart": (exporter_restart, SHOWBACK_ENV),
     "gap": (gap, SHOWBACK_ENV),
+    "shared-use": (shared_use, SHOWBACK_ENV),
 }
 
 

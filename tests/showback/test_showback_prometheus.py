@@ -206,3 +206,50 @@ def test_auto_reads_raw_series_where_no_recording_rules_ran(server: tuple[str, d
     with pytest.raises(GpushareError, match="recording rules have not run") as err:
         run_showback(env, url, "6h", float(ends["mixed"]), source="recorded")
     assert "--source raw" in str(err.value)
+
+
+@pytest.mark.slow  # a real Prometheus server over backfilled series
+def test_use_basis_splits_a_shared_gpu_by_measured_sm_use(server: tuple[str, dict[str, int]]) -> None:
+    """notebooks' pod took 70% of the L4's SM time and research's 5%, each holding one of four replicas: by use
+    notebooks pays 70% of the hours plus a quarter of the unused 25%, research 5% plus a quarter, idle the half of
+    the unused time nobody held; by allocation each pays a quarter. Both add up to the physical GPU-hours."""
+    url, ends = server
+    env, hours = str(SCENARIOS["shared-use"][1]), SLOT / 3600
+    by_use = run_showback(env, url, "6h", float(ends["shared-use"]), source="raw", basis="use")
+    by_allocation = run_showback(env, url, "6h", float(ends["shared-use"]), source="raw")
+    rest = (1 - 0.7 - 0.05) * hours
+    nb, research = _row(by_use, "notebooks", "ts-pool"), _row(by_use, "research", "ts-pool")
+    assert close(nb.sm_gpu_hours, 0.7 * hours) and close(research.sm_gpu_hours, 0.05 * hours)
+    assert close(nb.gpu_hours, 0.7 * hours + rest / 4), nb
+    assert close(research.gpu_hours, 0.05 * hours + rest / 4), research
+    assert close(next(i.gpu_hours for i in by_use.idle if i.pool == "ts-pool"), rest / 2)
+    for report in (by_use, by_allocation):
+        total = sum(r.gpu_hours for r in report.rows) + sum(i.gpu_hours for i in report.idle)
+        assert close(total, report.physical_gpu_hours) and close(report.physical_gpu_hours, hours)
+    assert close(_row(by_allocation, "notebooks", "ts-pool").gpu_hours, hours / 4)
+    doc = by_use.as_dict()
+    assert doc["basis"] == "use" and {"sm_gpu_hours", "gpu_hours"} <= set(doc["rows"][0])
+
+
+@pytest.mark.slow  # a real Prometheus server over backfilled series
+def test_use_basis_without_process_exporter_series_fails_naming_the_role(server: tuple[str, dict[str, int]]) -> None:
+    url, ends = server  # the mixed scenario's window has DCGM and kube-state-metrics series, none of the exporter's
+    with pytest.raises(GpushareError, match="gpushare_pod_gpu_sm_utilization_ratio") as err:
+        run_showback(str(SCENARIOS["mixed"][1]), url, "6h", float(ends["mixed"]), basis="use")
+    assert "gpu_process_exporter" in str(err.value)
+
+
+@pytest.mark.slow  # a real Prometheus server over backfilled series
+def test_cli_use_basis_table_and_csv(server: tuple[str, dict[str, int]], tmp_path: Path) -> None:
+    url, ends = server
+    out_csv = tmp_path / "use.csv"
+    args = ["showback", "--env", str(SCENARIOS["shared-use"][1]), "--prometheus", url, "--window", "6h",
+            "--end", str(ends["shared-use"]), "--source", "raw", "--basis", "use"]
+    table = CliRunner().invoke(app, [*args, "--csv", str(out_csv)], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "charged by use" in table.output and "SM use" in table.output
+    rows = list(csv.DictReader(out_csv.open()))
+    nb = next(r for r in rows if r["tenant"] == "notebooks")
+    assert close(float(nb["sm_gpu_hours"]), 0.7 * SLOT / 3600) and float(nb["gpu_hours"]) > float(nb["sm_gpu_hours"])
+    total = sum(float(r["gpu_hours"]) for r in rows)
+    assert close(total, SLOT / 3600)

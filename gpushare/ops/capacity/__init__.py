@@ -1,10 +1,11 @@
 """`gpushare capacity`: window statistics from Prometheus, and per pool a recommendation with its evidence.
 
 Prometheus does the joins and the aggregation to pool level: every figure is a window statistic of a PromQL
-expression built from the same expressions as the recording rules (gpushare.monitoring.rules), on the rules' own
-series or on the raw DCGM and kube-state-metrics series, so it works on history recorded before gpushare's rules
-were deployed. gpushare reads that pool-level expression at the policy's step, a day at a time (a refused chunk is
-halved), and applies the statistic itself exactly as Prometheus would; it never pulls the exporters' raw series.
+expression built from the same expressions as the recording rules (gpushare.render.monitoring.expressions), on
+the rules' own series or on the raw DCGM and kube-state-metrics series, so it works on history recorded before
+gpushare's rules were deployed. gpushare reads that pool-level expression at the policy's step, a day at a time (a
+refused chunk is halved), and applies the statistic itself exactly as Prometheus would; it never pulls the
+exporters' raw series.
 
 How a pool is sized (targets in policies/guardrails.yaml `capacity:`, limits in its `environments:`):
 - time-slicing / MPS: replicas per GPU = the most that keep the GPU's mean busy share under target_utilization
@@ -18,7 +19,8 @@ How a pool is sized (targets in policies/guardrails.yaml `capacity:`, limits in 
 Nothing is applied: the proposal is a patch of the environment file (and new profile files) for review.
 
 The stages, one module each: evidence (Prometheus -> PoolEvidence), recommendations (evidence -> Recommendation),
-proposal (recommendations -> a reviewed patch), report (the whole run)."""
+proposal (recommendations -> a reviewed patch), report (the whole run); beside them, workloads (per workload on
+time-sliced and MPS pools, from the per-process exporter: who crowds a GPU, replicas per GPU by peaks; no patch)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from gpushare.core.resolve import ResolvedFleet, resolve_env
 from gpushare.ops.capacity.evidence import PoolEvidence, collect_evidence, find_node_gaps
 from gpushare.ops.capacity.proposal import propose
 from gpushare.ops.capacity.recommendations import Recommendation, recommend
+from gpushare.ops.capacity.workloads import PoolWorkloads, collect_workloads, pool_workloads
 from gpushare.ops.diagnose import diagnose_join
 from gpushare.ops.patch import Proposal
 from gpushare.ops.prometheus import QUERY_SECONDS, Prometheus, check_window
@@ -37,6 +38,7 @@ class CapacityReport:
     patch_path: Path
     query_seconds: float
     queries: int
+    workloads: dict[str, PoolWorkloads] = field(default_factory=dict)  # shared pools: the per-workload section
 
     @property
     def gpus_freed(self) -> int:
@@ -47,7 +49,8 @@ class CapacityReport:
             "ok": True, "environment": self.fleet.environment, "window": self.window, "end": self.end,
             "source": "recording rules" if self.source == "recorded" else "raw exporter series",
             "pools": [{**r.as_dict(), "evidence_figures": self.evidence[r.pool].as_dict(),
-                       "in_patch": r.pool in self.proposal.applied, "withheld": self.proposal.withheld.get(r.pool)}
+                       "in_patch": r.pool in self.proposal.applied, "withheld": self.proposal.withheld.get(r.pool),
+                       **({"per_workload": self.workloads[r.pool].as_dict()} if r.pool in self.workloads else {})}
                       for r in self.recommendations],
             "gpus_freed": self.gpus_freed,
             "patch": str(self.patch_path) if self.proposal.patch else None,
@@ -87,11 +90,14 @@ def run_capacity(env: str, prometheus: str, window: str = "7d", end: float | Non
     if not any(e.utilization_mean is not None for e in evidence.values()):
         raise GpushareError(diagnose_join(prom, fleet, window, at))
     find_node_gaps(prom, fleet, guardrails, evidence, window, at, used)
+    found = collect_workloads(prom, fleet, guardrails, window, at, used,
+                              lambda name: progress(f"Prometheus: {name}"))
     progress("sizing pools")
     recs = recommend(fleet, guardrails, evidence, window)
+    workloads = pool_workloads(fleet, guardrails, found)
     progress("checking the proposed change (resolve, MIG check, guardrails)")
     proposal = propose(fleet, guardrails, recs)
     if proposal.patch:
         write_file(patch_path, proposal.patch)
     return CapacityReport(fleet, window, at, used, evidence, recs, proposal, patch_path,
-                          sum(t.seconds for t in prom.timings), len(prom.timings))
+                          sum(t.seconds for t in prom.timings), len(prom.timings), workloads)

@@ -14,12 +14,9 @@ from gpushare.core.files import yaml_text
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.render.monitoring.counters import read_counters
+from gpushare.render.monitoring.expressions import kube_state_metrics_label_allowlist
 from gpushare.render.monitoring.fields import dcgm_exporter_env, exported_fields, needs_virtual_gpus
-from gpushare.render.monitoring.rules import (
-    kube_state_metrics_label_allowlist,
-    prometheus_rule,
-    prometheus_rule_groups,
-)
+from gpushare.render.monitoring.rules import prometheus_rule, prometheus_rule_groups
 
 __all__ = [
     "dashboards", "dcgm_counters", "dcgm_exporter_env", "kube_state_metrics_label_allowlist", "prometheus_rule",

@@ -1,5 +1,6 @@
 """Grafana dashboards, built with grafana-foundation-sdk from the fleet: fleet overview (physical versus advertised
-GPUs, utilization per pool), tenants (usage and queue time), MIG instances, and GPU health.
+GPUs, utilization per pool), tenants (usage and queue time), MIG instances, shared GPUs (who uses them, per pod and
+tenant), and GPU health.
 
 Panels read the recording rules (gpushare:*) wherever one exists, so a panel and an alert never disagree about
 what "utilization" means; the health panels read DCGM fields directly, deduplicated per device (max over the
@@ -18,6 +19,7 @@ from grafana_foundation_sdk.models import dashboard as model
 
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.core.spec import SHARED_KINDS
+from gpushare.render.monitoring.expressions import SHARED_SM
 from gpushare.render.monitoring.promql import HOST_LABEL, LEGACY_HOST_LABEL, dcgm_host
 
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -242,6 +244,71 @@ def _mig(fleet: ResolvedFleet) -> dict[str, Any]:
                       rows)
 
 
+SHARED_POOL = 'pool=~"$pool", tenant=~"$tenant", node=~"$node"'
+# The SM share below which a pod holding a GPU share counts as idle: policies' monitoring.idle_allocation_ratio
+# default (the alert GpushareIdleGpuAllocation reads the policy; dashboards are built from the fleet alone).
+IDLE_SM = 0.01
+
+
+def _shared_gpus(fleet: ResolvedFleet) -> dict[str, Any]:
+    """Who uses a shared GPU: per pod and tenant on each time-sliced or MPS GPU, from gpushare's per-process
+    exporter (role gpu_process_exporter); dcgm-exporter repeats the device's figures for every pod there."""
+    shared = f'{SHARED_POOL}, share=~"{SHARED_SM}"'
+    pod = "{{node}} {{UUID}} {{namespace}}/{{pod}}"
+    # Only where the exporter measures SM use (a MIG instance's driver may not sample per process).
+    idle = (f"gpushare:pod_gpu_allocated_shares:sum{{{SHARED_POOL}}} > 0\n"
+            "and on (node, UUID, GPU_I_ID, namespace, pod)\n"
+            f"max_over_time(gpushare:pod_gpu_sm_utilization_ratio:avg5m{{{SHARED_POOL}}}[1h]) < {IDLE_SM:g}")
+    rows = [
+        ("SM time per pod and tenant", [
+            PanelSpec("SM use per pod, per GPU", (Query(
+                f"gpushare:pod_gpu_sm_utilization_ratio:avg5m{{{shared}}}", pod),), unit="percentunit", max=1,
+                description="Each pod's share of its GPU's SM time (5m average), as the process exporter measures "
+                            "it from the driver's per-process samples."),
+            PanelSpec("SM use per tenant, per GPU", (Query(
+                f"gpushare:gpu_tenant_sm_utilization_ratio:avg5m{{{shared}}}", "{{node}} {{UUID}} {{tenant}}"),),
+                unit="percentunit", max=1),
+            PanelSpec("Tenant's share of the SM time used, per GPU", (Query(
+                f"gpushare:gpu_tenant_sm_share:ratio{{{shared}}}", "{{node}} {{UUID}} {{tenant}}"),),
+                unit="percentunit", max=1,
+                description="Above monitoring.noisy_neighbour_share while another tenant's pod is active, for "
+                            "monitoring.noisy_neighbour_for: GpushareNoisyNeighbour fires."),
+            PanelSpec("SM used per tenant and pool", (Query(
+                'sum by (tenant, pool) (gpushare:tenant_sm_used:gpus{pool=~"$pool", tenant=~"$tenant"})',
+                "{{tenant}} {{pool}}"),),
+                description="GPU-equivalents of SM time (every sharing kind): what `gpushare showback --basis use` "
+                            "charges on time-sliced and MPS GPUs."),
+        ]),
+        ("Memory and allocations", [
+            PanelSpec("GPU memory per pod", (Query(
+                f"gpushare:pod_gpu_memory_used_bytes:avg5m{{{shared}}}", pod),), unit="bytes",
+                description="Framebuffer used by each pod's processes: replicas share memory without isolation."),
+            PanelSpec("Shares held per pod", (Query(
+                f"gpushare:pod_gpu_allocated_shares:sum{{{shared}}}", pod),),
+                description="Time-slicing replicas or MPS clients of the GPU each pod holds."),
+            PanelSpec("Idle allocations (no SM use for an hour)", (Query(f"count(\n{idle}\n) or vector(0)"),),
+                      kind="stat", width=6,
+                      description=f"Pods holding a GPU share whose SM use stayed below {IDLE_SM:g} for the last "
+                                  "hour. GpushareIdleGpuAllocation fires after monitoring.idle_allocation_for."),
+            PanelSpec("Idle allocations per pod", (Query(idle, pod),), width=12),
+            PanelSpec("Process exporter sources up", (Query(
+                "min by (source) (gpushare_process_exporter_up)", "{{source}}"),), kind="stat", width=6,
+                description="nvml (the driver) and podresources (the kubelet) on every GPU host: 0 where one "
+                            "host cannot read it."),
+        ]),
+    ]
+    return _dashboard(f"gpushare-shared-gpus-{fleet.environment}", f"gpushare shared GPUs ({fleet.environment})",
+                      fleet.environment, "Who uses a shared GPU: SM time and memory per pod and tenant on "
+                      "time-sliced and MPS GPUs, and allocations nobody uses.",
+                      [_query_variable("pool", "Pool",
+                                       f'label_values(gpushare:pool:info{{sharing=~"{SHARED_SM}"}}, pool)'),
+                       _query_variable("tenant", "Tenant",
+                                       'label_values(gpushare:pod_gpu_allocated_shares:sum{pool=~"$pool"}, tenant)'),
+                       _query_variable("node", "Node",
+                                       'label_values(gpushare:pod_gpu_allocated_shares:sum{pool=~"$pool"}, node)')],
+                      rows)
+
+
 def _on_node(template: str) -> str:
     """A DCGM query (`{sel}` where the selector goes) narrowed to the $node variable whichever spelling of the node
     label its exporter wrote, the node's name then in `hostname` (see promql.HOST_LABEL)."""
@@ -307,6 +374,8 @@ def build_dashboards(fleet: ResolvedFleet) -> dict[str, dict[str, Any]]:
     }
     if any(n.mig_layout for n in fleet.nodes):
         out["gpushare-mig.json"] = _mig(fleet)
+    if any(p.sharing in SHARED_SM.split("|") for p in fleet.pools):
+        out["gpushare-shared-gpus.json"] = _shared_gpus(fleet)
     return out
 
 

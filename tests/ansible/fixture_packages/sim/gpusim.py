@@ -98,7 +98,8 @@ def _show(_args) -> int:
 def _job(args) -> int:
     """A GPU job: registers itself as a compute process on the GPUs and runs until it is killed."""
     gpus = "all" if args.gpus == "all" else [int(g) for g in args.gpus.split(",")]
-    pynvml.gpusim_register(os.getpid(), args.kind, gpus)
+    pynvml.gpusim_register(os.getpid(), args.kind, gpus, used_mib=args.used_mib, sm_util=args.sm_util,
+                           mem_util=args.mem_util, gi=args.gi)
     event("job-start", pid=os.getpid(), role=args.kind, gpus=gpus, job=args.name)
 
     def stop(*_):
@@ -129,6 +130,10 @@ def main(argv=None) -> int:
     job.add_argument("--gpus", default="all", help="comma-separated indices or 'all'")
     job.add_argument("--kind", default="compute", choices=["compute", "client"])
     job.add_argument("--name", default="job")
+    job.add_argument("--used-mib", type=int, default=1024, help="GPU memory the process holds")
+    job.add_argument("--sm-util", type=int, help="SM utilization percent its samples report")
+    job.add_argument("--mem-util", type=int, help="memory-controller utilization percent its samples report")
+    job.add_argument("--gi", type=int, help="MIG GPU instance id it runs in")
     ev = sub.add_parser("event", help="append an event (used by the fixture units)")
     ev.add_argument("kind")
     ev.add_argument("unit")

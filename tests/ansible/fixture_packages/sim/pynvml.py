@@ -400,11 +400,53 @@ def nvmlGpuInstanceDestroy(gpuInstance):  # noqa: N802, N803
 # ---------------------------------------------------------------- processes
 
 
+NVML_VALUE_NOT_AVAILABLE_uint = 0xFFFFFFFF  # noqa: N816 - nvidia-ml-py's name
+
+
+class c_nvmlProcessUtilizationSample_t(ctypes.Structure):  # noqa: N801 - nvidia-ml-py's name and fields
+    _fields_ = [("pid", ctypes.c_uint), ("timeStamp", ctypes.c_ulonglong), ("smUtil", ctypes.c_uint),
+                ("memUtil", ctypes.c_uint), ("encUtil", ctypes.c_uint), ("decUtil", ctypes.c_uint)]
+
+
+def _process(p: dict) -> _Struct:
+    """A process file as nvidia-ml-py's v3 process info: memory in bytes (`used_memory`, else `used_mib`), the MIG
+    GPU instance it runs in (`gi`; NVML_VALUE_NOT_AVAILABLE outside MIG)."""
+    memory = int(p["used_memory"]) if p.get("used_memory") is not None else int(p.get("used_mib", 1024)) * 2**20
+    gi = p.get("gi")
+    return _Struct(pid=int(p["pid"]), usedGpuMemory=memory,
+                   gpuInstanceId=NVML_VALUE_NOT_AVAILABLE_uint if gi is None else int(gi),
+                   computeInstanceId=NVML_VALUE_NOT_AVAILABLE_uint if gi is None else 0)
+
+
 def nvmlDeviceGetComputeRunningProcesses(handle):  # noqa: N802
     index = _check(handle)
-    return [_Struct(pid=int(p["pid"]), usedGpuMemory=int(p.get("used_mib", 1024)) * 2**20,
-                    gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
-            for p in sorted(_holders(index, kinds=("compute",)), key=lambda p: p["pid"])]
+    return [_process(p) for p in sorted(_holders(index, kinds=("compute",)), key=lambda p: p["pid"])]
+
+
+def nvmlDeviceGetMPSComputeRunningProcesses(handle):  # noqa: N802
+    """MPS clients (process files of kind "client") on the GPU."""
+    index = _check(handle)
+    return [_process(p) for p in sorted(_holders(index, kinds=("client",)), key=lambda p: p["pid"])]
+
+
+def nvmlDeviceGetProcessUtilization(handle, timeStamp):  # noqa: N802, N803 - nvidia-ml-py's signature
+    """Per-process samples newer than timeStamp (microseconds), one per process file that carries `sm_util` or
+    `mem_util` (percent), stamped now. As the driver: NVML_ERROR_NOT_FOUND when no sample is newer, and
+    NVML_ERROR_NOT_SUPPORTED on a GPU in MIG mode (per-process utilization is not sampled there)."""
+    index = _check(handle)
+    state = _read_json(os.path.join(STATE_DIR, "state.json")) or {}  # read without the lock: any user may call
+    gpus = state.get("gpus", [])
+    if index < len(gpus) and gpus[index].get("mig_current") == NVML_DEVICE_MIG_ENABLE:
+        raise NVMLError_NotSupported()
+    now = int(time.time() * 1e6)
+    samples = [c_nvmlProcessUtilizationSample_t(int(p["pid"]), now, int(p.get("sm_util") or 0),
+                                                int(p.get("mem_util") or 0), 0, 0)
+               for p in sorted(_holders(index), key=lambda p: p["pid"])
+               if p.get("sm_util") is not None or p.get("mem_util") is not None]
+    samples = [x for x in samples if x.timeStamp > int(timeStamp)]
+    if not samples:
+        raise NVMLError_NotFound()
+    return samples
 
 
 def nvmlDeviceGetGraphicsRunningProcesses(handle):  # noqa: N802
@@ -415,11 +457,17 @@ def nvmlDeviceGetGraphicsRunningProcesses(handle):  # noqa: N802
 # ---------------------------------------------------------------- fixture-only helpers
 
 
-def gpusim_register(pid: int, kind: str, gpus="all", used_mib: int = 1024) -> str:
+def gpusim_register(pid: int, kind: str, gpus="all", used_mib: int = 1024, used_memory: int | None = None,
+                    sm_util: int | None = None, mem_util: int | None = None, gi: int | None = None) -> str:
+    """A process file: a compute process or an MPS client ("client") on the GPUs; used_memory (bytes) over used_mib,
+    sm_util/mem_util percent for nvmlDeviceGetProcessUtilization, gi the MIG GPU instance it runs in."""
     os.makedirs(PROCS_DIR, exist_ok=True)
     path = os.path.join(PROCS_DIR, f"{pid}.json")
+    extra = {k: v for k, v in (("used_memory", used_memory), ("sm_util", sm_util), ("mem_util", mem_util),
+                               ("gi", gi)) if v is not None}
     with open(path, "w") as handle:
-        json.dump({"pid": pid, "kind": kind, "gpus": gpus, "used_mib": used_mib, "since": time.time()}, handle)
+        json.dump({"pid": pid, "kind": kind, "gpus": gpus, "used_mib": used_mib, "since": time.time(), **extra},
+                  handle)
     return path
 
 
