@@ -106,7 +106,7 @@ bench: venv
 	$(BIN)/python benchmarks/foundation.py
 
 # The recorded DCGM history `gpushare demo-metrics` serves (gpushare/data/demo/), rewritten from environments/dev.yaml
-# by the tests' series generator; tests/test_demo_metrics.py fails while it is out of date.
+# by the tests' series generator; tests/unit/ops/test_demo.py fails while it is out of date.
 demo-history: venv
 	$(BIN)/python scripts/demo_history.py
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "tests" / "brownfield" / "clusters" / "default-operator"
+FIXTURE = ROOT / "tests" / "data" / "brownfield" / "default-operator"
 RATIO_TARGET = 10.0
 NODE_BYTES = 15_300  # what node() below writes, measured
 

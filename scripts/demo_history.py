@@ -8,7 +8,7 @@ OpenMetrics, xz-compressed, with a JSON file beside it giving the window and the
     .venv/bin/python scripts/demo_history.py --check   # exit 1 where the shipped files are not what this writes
 
 Run it after changing environments/dev.yaml's pools or hosts, the loads below, or the generator;
-tests/test_demo_metrics.py fails while the shipped history is not what this script writes. Nothing here is random:
+tests/unit/ops/test_demo.py fails while the shipped history is not what this script writes. Nothing here is random:
 the same code writes the same bytes (the compressed file may differ between xz versions; its text may not)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Rewrite the field reference in docs/environments.md (between its markers) from the pydantic models, through the
 JSON Schema editors get. Run it after changing a field in gpushare/core/spec/v1/ (environment.py, profiles.py);
-tests/test_environments.py fails while the page is out of date."""
+tests/unit/core/test_schemas.py fails while the page is out of date."""
 
 from __future__ import annotations
 

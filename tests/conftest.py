@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+UNIT = ROOT / "tests" / "unit"  # the unit tests, whose folders mirror gpushare/
 WORKSPACE = ROOT / "tests" / "fixtures"  # the frozen workspace unit tests run in
 ENVIRONMENTS = WORKSPACE / "environments"  # frozen copies of dev, pilot and prod
 PROFILES = WORKSPACE / "profiles"  # frozen copies of the profiles they use
@@ -48,14 +49,22 @@ def host_named(d: dict[str, Any], name: str) -> dict[str, Any]:
     return _named([h for p in d["pools"] for h in p.get("hosts") or []], "host", name)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def frozen_workspace(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Unit tests (tests/test_*.py) run in the frozen workspace: `--env dev`, stacks and guardrails come from it.
-    Module scope, so that module-scoped fixtures (plans collected once) see it too."""
+@pytest.fixture(scope="module")
+def frozen_workspace() -> Iterator[None]:
+    """The frozen workspace as GPUSHARE_ROOT for a whole module: `--env dev`, stacks and guardrails come from it.
+    Module scope, so that module-scoped fixtures (plans collected once) see it too. Every unit test (tests/unit/)
+    runs in it; a module of another suite asks for it with
+    `pytestmark = pytest.mark.usefixtures("frozen_workspace")`."""
     with pytest.MonkeyPatch.context() as patch:
-        if request.path.parent == ROOT / "tests":
-            patch.setenv("GPUSHARE_ROOT", str(WORKSPACE))
+        patch.setenv("GPUSHARE_ROOT", str(WORKSPACE))
         yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def unit_tests_in_the_frozen_workspace(request: pytest.FixtureRequest) -> None:
+    """Every module under tests/unit/ runs in the frozen workspace."""
+    if UNIT in request.path.parents:
+        request.getfixturevalue("frozen_workspace")
 
 
 @pytest.fixture

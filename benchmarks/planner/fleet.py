@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.planner.mixes import SEEDS, demand  # noqa: E402
 from gpushare.planner.demand import Demand  # noqa: E402
-from gpushare.planner.pack import env_section, plan_demand  # noqa: E402
+from gpushare.planner.pack import plan_demand  # noqa: E402
+from gpushare.planner.pack_output import env_section  # noqa: E402
 
 
 def write_fleet(root: Path, mix: str, size: int) -> None:

@@ -27,7 +27,7 @@ from gpushare.cli.promote import promote_command
 from gpushare.cli.rollout import ansible_env_command, rollout_command
 from gpushare.cli.showback import showback_command
 from gpushare.cli.usage import lay_out
-from gpushare.core.errors import GpushareError
+from gpushare.core.errors import EXCERPT_CHARS, GpushareError, printable
 
 app = typer.Typer(
     name="gpushare",
@@ -107,8 +107,6 @@ def main(argv: list[str] | None = None) -> Any:
 
 def _internal(what: str, args: list[str], as_json: bool) -> int:
     import shlex
-
-    from gpushare.core.errors import EXCERPT_CHARS, printable
 
     first = what.splitlines()[0][:EXCERPT_CHARS] if what else "unknown"
     line = (f"gpushare: internal error ({first}); this is a bug in gpushare, not in your input. Report it with "

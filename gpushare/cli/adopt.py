@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.cli.common import EnvOption, JsonOption, TimeoutOption, fail, finite
+from gpushare.cli.common import EnvOption, JsonOption, TimeoutOption, fail, finite, key_values
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.files import check_output_file, write_file
+from gpushare.core.paths import WORKSPACE_MARKER, project_root
 from gpushare.ops.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
@@ -43,11 +45,11 @@ def read_cluster(from_dir: Path | None, kubeconfig: Path | None, context: str | 
     one_source(from_dir, kubeconfig)
     try:
         if from_dir is not None:
-            from gpushare.ops.brownfield.cluster import read_dumps
+            from gpushare.ops.brownfield.cluster import read_dumps  # lazy: pydantic models, ~0.2 s to import
 
             return read_dumps(from_dir)
         assert kubeconfig is not None
-        from gpushare.ops.brownfield.live import read_live
+        from gpushare.ops.brownfield.live import read_live  # lazy: pydantic models, ~0.2 s to import
 
         return read_live(kubeconfig, context, timeout=timeout)
     except GpushareError as err:
@@ -70,9 +72,8 @@ def import_command(
     """Write an environment file, sharing profiles and a Pulumi stack that reproduce a running cluster's GPU sharing
     into a workspace, overwriting nothing; what gpushare cannot express is listed (`unsupported`), never dropped.
     Never writes to the cluster."""
-    from gpushare.core.paths import WORKSPACE_MARKER, project_root
-    from gpushare.ops.brownfield.adoption import adoption_stage
-    from gpushare.ops.brownfield.importer import import_cluster
+    from gpushare.ops.brownfield.adoption import adoption_stage  # lazy: pulls in pulumi, ~1 s to import
+    from gpushare.ops.brownfield.importer import import_cluster  # lazy: pydantic models, ~0.2 s to import
 
     try:
         one_source(from_dir, kubeconfig)
@@ -92,7 +93,7 @@ def import_command(
         configs, problems, todo = _resolved_configs(workspace, result)
     except GpushareError as err:
         raise fail(err, as_json) from None
-    from gpushare.ops.brownfield.importer import operator_takeover
+    from gpushare.ops.brownfield.importer import operator_takeover  # lazy: pydantic models, ~0.2 s to import
 
     takeover = operator_takeover(result.operator_release, env, env)
     todo = [f"REMEDIATION (no waiver may cover it; check fails until it is fixed): {r['rule']} at {r['where']}: "
@@ -114,7 +115,7 @@ def import_command(
 def _toolkit_floor(workspace: Path) -> str | None:
     """The CVE floor of the workspace's guardrails, which the import raises an older toolkit to; None where the
     guardrails cannot be read (check says why)."""
-    from gpushare.core.guardrails import load_guardrails
+    from gpushare.core.guardrails import load_guardrails  # lazy: pydantic models, ~0.2 s to import
 
     try:
         return load_guardrails(workspace / "policies" / "guardrails.yaml").toolkit.min_version
@@ -125,7 +126,7 @@ def _toolkit_floor(workspace: Path) -> str | None:
 def _priorities(workspace: Path) -> dict[str, tuple[int, str]]:
     """gpushare's online and batch PriorityClasses (value, preemption policy) as the workspace's guardrails set
     them: a cluster's own class equal to one is kept in its place."""
-    from gpushare.core.guardrails import load_guardrails
+    from gpushare.core.guardrails import load_guardrails  # lazy: pydantic models, ~0.2 s to import
 
     try:
         classes = load_guardrails(workspace / "policies" / "guardrails.yaml").tenancy.priority_classes
@@ -137,7 +138,7 @@ def _priorities(workspace: Path) -> dict[str, tuple[int, str]]:
 def _check_env_name(env: str) -> None:
     import re
 
-    from gpushare.core.spec import NAME_PATTERN
+    from gpushare.core.spec import NAME_PATTERN  # lazy: pydantic models, ~0.2 s to import
 
     if re.fullmatch(NAME_PATTERN, env) is None or len(env) > 63:
         raise GpushareError(Problem(f"--env {env!r} is not a DNS label", path="--env",
@@ -146,7 +147,7 @@ def _check_env_name(env: str) -> None:
 
 def existing_profiles(workspace: Path) -> dict[str, object]:
     """The workspace's profiles by name: an imported profile equal to one of them reuses it."""
-    from gpushare.core.spec import load_profile_file
+    from gpushare.core.spec import load_profile_file  # lazy: pydantic models, ~0.2 s to import
 
     found: dict[str, object] = {}
     for path in sorted((workspace / "profiles").glob("*.yaml")):
@@ -157,8 +158,6 @@ def existing_profiles(workspace: Path) -> dict[str, object]:
 
 def _write_files(workspace: Path, result: ImportResult) -> None:
     """Every file or none: all targets are checked before the first is written, and none may exist."""
-    from gpushare.core.files import check_output_file, write_file
-
     taken = [rel for rel in result.files if (workspace / rel).exists()]
     if taken:
         raise GpushareError(Problem(f"import would overwrite {', '.join(sorted(taken))}", file=str(workspace),
@@ -172,8 +171,8 @@ def _write_files(workspace: Path, result: ImportResult) -> None:
 def _resolved_configs(out: Path, result: ImportResult) -> tuple[dict[str, list[str]], list[str], list[str]]:
     """Source config -> the content-named configs gpushare renders for it (one per distinct node content); the
     written environment's problems; what `gpushare check` will still ask for."""
-    from gpushare.core.resolve import resolve
-    from gpushare.ops.brownfield.importer import still_needed
+    from gpushare.core.resolve import resolve  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.ops.brownfield.importer import still_needed  # lazy: pydantic models, ~0.2 s to import
 
     try:
         fleet = resolve(out / "environments" / f"{result.environment}.yaml", out / "profiles")
@@ -231,8 +230,8 @@ def drift_command(
     """Per node, Git against the cluster: gpushare's labels, MIG config and state, paused operands, device-plugin
     config against what the node advertises, taints, toolkit version, unknown nodes and missing hosts. Exit 1 on
     drift."""
-    from gpushare.core.resolve import resolve_env
-    from gpushare.ops.brownfield.drift import find_drift
+    from gpushare.core.resolve import resolve_env  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.ops.brownfield.drift import find_drift  # lazy: pydantic models and Jinja2, ~0.3 s to import
 
     try:
         one_source(from_dir, kubeconfig)
@@ -272,8 +271,6 @@ def print_drift(report: DriftReport, verbose: bool = False) -> None:
     never markup (`labels[gpushare.io/pool]` keeps its brackets), wrapped at word boundaries."""
     from rich.console import Console
     from rich.text import Text
-
-    from gpushare.cli.common import key_values
 
     console = Console(highlight=False)
     console.print(Text(_drift_summary(report)))
@@ -329,8 +326,6 @@ def _print_by_node(console: Console, items: list[Drift], pending: bool) -> None:
     where that fits the width, otherwise `kind  field` and the values beside their keys below it."""
     from rich.cells import cell_len
     from rich.text import Text
-
-    from gpushare.cli.common import key_values
 
     by_node: dict[str, list[Drift]] = {}
     for d in items:

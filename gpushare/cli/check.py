@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpushare.cli.common import as_text, fail, print_records
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.paths import project_root
+from gpushare.core.revision import Revision
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -34,12 +37,11 @@ def check_command(
         "does against it: rules newly failing or passing, waivers, and each pool's and node's changes.")] = None,
 ) -> None:
     """Run every guardrail rule; exit 1 if a mandatory rule is violated."""
-    from gpushare.cli.common import fail
-    from gpushare.ops.preview import plan_resources
-    from gpushare.policy.context import context_for
-    from gpushare.policy.evaluate import evaluate
-    from gpushare.policy.rules import RULES
-    from gpushare.policy.waivers import load_waivers
+    from gpushare.ops.preview import plan_resources  # lazy: pulls in pulumi, ~1 s to import
+    from gpushare.policy.context import context_for  # lazy: pydantic models and Jinja2, ~0.3 s to import
+    from gpushare.policy.evaluate import evaluate  # lazy: pydantic models and Jinja2, ~0.3 s to import
+    from gpushare.policy.rules import RULES  # lazy: pydantic models and Jinja2, ~0.3 s to import
+    from gpushare.policy.waivers import load_waivers  # lazy: pydantic models and Jinja2, ~0.3 s to import
 
     try:
         when = date.fromisoformat(today) if today else date.today()
@@ -62,8 +64,6 @@ def check_command(
     else:
         from rich.console import Console
         from rich.text import Text
-
-        from gpushare.cli.common import print_records
 
         console = Console(highlight=False)
         rows: list[dict[str, str | Text]] = []
@@ -98,9 +98,7 @@ def check_command(
 def _changes(ctx: Context, report: Report, waiver_list: list[Waiver], base: str, env: str, waivers: Path | None,
              when: date, offline_plan: bool) -> dict[str, Any]:
     """The `base` section: what the change does against REF (gpushare.ops.change)."""
-    from gpushare.core.paths import project_root
-    from gpushare.core.revision import Revision
-    from gpushare.ops.change import Checked, compare
+    from gpushare.ops.change import Checked, compare  # lazy: pulls in pulumi, ~1 s to import
 
     revision = Revision.of(base, project_root())
     return compare(Checked(ctx, report, waiver_list), revision, env, waivers, when, offline_plan)
@@ -139,8 +137,6 @@ def print_changes(console: Console, changes: dict[str, Any]) -> None:
     """The `base` section as text: rules, waivers, totals, pools and nodes that differ, each as a table where it
     fits, else one block per row (print_records)."""
     from rich.text import Text
-
-    from gpushare.cli.common import as_text, print_records
 
     ref = f"{changes['ref']} ({changes['commit'][:12]})"
     console.print()

@@ -31,7 +31,7 @@ def _utc(seconds: int) -> str:
 
 def _serve(prometheus: str, data: Path, work: Path, port: int) -> tuple[subprocess.Popen[bytes], str, float]:
     """Prometheus started on `port`, or on a free one where that is taken; (process, URL, seconds to ready)."""
-    from gpushare.ops import demo
+    from gpushare.ops import demo  # lazy: http.server and ssl, ~25 ms to import
 
     for _ in range(START_TRIES):
         chosen = port if demo.port_free(port) else demo.free_port()
@@ -68,7 +68,7 @@ def demo_metrics_command(
     import tempfile
     import threading
 
-    from gpushare.ops import demo
+    from gpushare.ops import demo  # lazy: http.server and ssl, ~25 ms to import
 
     work = Path(tempfile.mkdtemp(prefix="gpushare-demo-"))
     process: subprocess.Popen[bytes] | None = None

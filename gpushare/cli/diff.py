@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from gpushare.cli.common import EnvOption, JsonOption, fail
-from gpushare.core.errors import GpushareError
+from gpushare.cli.common import EnvOption, JsonOption, fail, print_records
+from gpushare.core.errors import GpushareError, Problem
 
 
 def diff_command(
@@ -31,12 +31,10 @@ def diff_command(
     own server-side dry run) and what it does to running work: each controller or pod that new admission, Pod
     Security, taints, quotas, limits or resource names would deny, leave Pending, evict or refuse, and the GPU
     Operator's operands that restart. Never writes to the cluster."""
-    from gpushare.ops.brownfield.livediff import BREAKING, Api, live_diff
+    from gpushare.ops.brownfield.livediff import BREAKING, Api, live_diff  # lazy: pulls in pulumi, ~1 s to import
 
     try:
         if not kubeconfig.is_file():
-            from gpushare.core.errors import Problem
-
             raise GpushareError(Problem("kubeconfig not found", file=str(kubeconfig), path="--kubeconfig",
                                         fix="give the path of the cluster's kubeconfig"), exit_code=2)
         report = live_diff(env, Api(kubeconfig, context), cluster)
@@ -54,8 +52,7 @@ def diff_command(
 def _print(report: Any, verbose: bool) -> None:
     from rich.console import Console
 
-    from gpushare.cli.common import print_records
-    from gpushare.ops.brownfield.livediff import BREAKING
+    from gpushare.ops.brownfield.livediff import BREAKING  # lazy: pulls in pulumi, ~1 s to import
 
     console = Console(highlight=False)
     breaking = [i for i in report.impact if i.effect in BREAKING]

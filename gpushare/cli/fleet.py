@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gpushare.cli.common import EnvOption, JsonOption, ProfilesOption, fail, fits
-from gpushare.core.errors import GpushareError
+from gpushare.core.errors import GpushareError, printable
+from gpushare.core.files import check_output_dir, write_files
+from gpushare.core.paths import default_profiles_dir, environment_path
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def _resolve(env: str, profiles: Path | None) -> ResolvedFleet:
-    from gpushare.core.resolve import resolve_env
+    from gpushare.core.resolve import resolve_env  # lazy: pydantic models, ~0.2 s to import
 
     return resolve_env(env, profiles)
 
@@ -45,10 +47,10 @@ def withheld_quota(tenancy: dict[str, ClusterTenancy]) -> list[str]:
 
 def validate_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = False) -> None:
     """Check an environment: schema, GPU models, MIG layouts, profiles, hosts, tenants and rendering."""
-    from gpushare.core.guardrails import load_guardrails
-    from gpushare.core.site_vars import check_site_vars
-    from gpushare.core.tenancy import fleet_tenancy
-    from gpushare.render.fleet import render_fleet
+    from gpushare.core.guardrails import load_guardrails  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.core.site_vars import check_site_vars  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.core.tenancy import fleet_tenancy  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.render.fleet import render_fleet  # lazy: pydantic models and Jinja2, ~0.3 s to import
 
     try:
         fleet = _resolve(env, profiles)
@@ -66,8 +68,6 @@ def validate_command(env: EnvOption, profiles: ProfilesOption = None, as_json: J
         return
     from rich.console import Console
     from rich.markup import escape
-
-    from gpushare.core.errors import printable
 
     console = Console(highlight=False)
     t = fleet.totals
@@ -138,7 +138,7 @@ _DRA_NOT_CARRIED = {
 def preemption_note(kubernetes_version: str) -> str:
     """What the cluster's Kubernetes minor does about priority preemption when the GPU a pod needs is a DRA device
     another pod holds (docs/dra.md; tests/cluster/test_dra_partitionable.py shows it)."""
-    from gpushare.core import kubeversions
+    from gpushare.core import kubeversions  # lazy: pydantic models, ~0.2 s to import
 
     minor = kubeversions.text(kubeversions.minor(kubernetes_version))
     if kubeversions.preempts_dra_pods(kubernetes_version):
@@ -151,7 +151,7 @@ def preemption_note(kubernetes_version: str) -> str:
 def allocation_rows(fleet: ResolvedFleet) -> list[dict[str, str]]:
     """Per cluster and profile: what the cluster's path gives (resources, or DeviceClasses mapped to the same quota
     names) and, on DRA clusters, what does not carry over from the device plugin. Empty without a DRA cluster."""
-    from gpushare.core import dra
+    from gpushare.core import dra  # lazy: pydantic models, ~0.2 s to import
 
     if not any(dra.is_dra(c) for c in fleet.clusters.values()):
         return []
@@ -261,8 +261,8 @@ def _print_plan_blocks(console: Console, fleet: ResolvedFleet, pools: list[dict[
 
 def plan_command(env: EnvOption, profiles: ProfilesOption = None, as_json: JsonOption = False) -> None:
     """Show what every pool and node becomes: GPUs, profile, MIG layout, advertised resources, ratio."""
-    from gpushare.core.guardrails import load_guardrails
-    from gpushare.core.tenancy import fleet_tenancy
+    from gpushare.core.guardrails import load_guardrails  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.core.tenancy import fleet_tenancy  # lazy: pydantic models, ~0.2 s to import
 
     try:
         fleet = _resolve(env, profiles)
@@ -303,9 +303,7 @@ def render_command(
     as_json: JsonOption = False,
 ) -> None:
     """Write the mig-parted config, device-plugin configs, toolkit config.toml and containerd drop-in."""
-    from gpushare.core.files import check_output_dir
-    from gpushare.core.paths import default_profiles_dir, environment_path
-    from gpushare.render.fleet import render_fleet, write_rendered
+    from gpushare.render.fleet import render_fleet, write_rendered  # lazy: pydantic models and Jinja2, ~0.3 s to import
 
     try:
         env_file = environment_path(env)
@@ -325,9 +323,7 @@ def schema_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the JSON Schema files.")] = Path("schema"),
 ) -> None:
     """Write the JSON Schemas of environment and profile files (for editors via yaml-language-server)."""
-    from gpushare.core.errors import printable
-    from gpushare.core.files import check_output_dir, write_files
-    from gpushare.core.schemas import json_schemas
+    from gpushare.core.schemas import json_schemas  # lazy: pydantic models, ~0.2 s to import
 
     check_output_dir(out, option="--out")
     # All or none: on a full disk no schema is half-replaced and no folder this command made is left behind.

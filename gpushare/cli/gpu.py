@@ -12,7 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
+from gpushare.cli.common import print_records
 from gpushare.core.catalog import GpuModel, load_catalog
+from gpushare.core.discover import discover
 from gpushare.core.errors import GpushareError
 from gpushare.core.mig import MigCheck, Placement, check_layout, parse_layout
 
@@ -215,8 +217,6 @@ def gpus_command(json_out: JsonOption = False) -> None:
         return
     from rich.console import Console
 
-    from gpushare.cli.common import print_records
-
     rows = [{"model": m.name, "slug": m.slug, "memory": f"{m.memory_gib:g} GiB",
              "MIG": ", ".join(m.profiles) if m.mig_capable else "no",
              "also": ", ".join([*m.aliases, *([m.gke_accelerator] if m.gke_accelerator else [])]),
@@ -229,8 +229,6 @@ def gpus_command(json_out: JsonOption = False) -> None:
 
 def discover_command(json_out: JsonOption = False) -> None:
     """Read this host's NVIDIA GPUs through NVML (read-only) and match each to the catalog."""
-    from gpushare.core.discover import discover
-
     try:
         report = discover()
     except GpushareError as err:

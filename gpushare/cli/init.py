@@ -22,7 +22,15 @@ import typer
 
 from gpushare.cli.common import fail
 from gpushare.core.errors import GpushareError, Problem, printable
-from gpushare.core.paths import package_data_path
+from gpushare.core.files import (
+    Unwritable,
+    check_name_length,
+    check_output_file,
+    rename_noreplace,
+    take_dir,
+    write_files,
+)
+from gpushare.core.paths import WORKSPACE_MARKER, package_data_path, project_root
 
 # Files of the skeleton written with values filled in; `gitignore` ships without its dot (package data skips those).
 _FILLED = ("Pulumi.yaml", "PulumiPolicy.yaml", "requirements.txt")
@@ -133,8 +141,6 @@ def write_workspace(target: Path) -> list[str]:
     anything is there by then (into an existing directory holding only a .git or .venv, entry by entry, each
     rename failing where the entry exists); the files written. Of two inits of one directory at the same time,
     one writes the workspace and the other stops with exit 2, leaving it as the first wrote it."""
-    from gpushare.core.files import take_dir
-
     _refuse_used(target)
     try:
         if not target.exists():
@@ -153,8 +159,6 @@ def write_workspace(target: Path) -> list[str]:
 
 
 def _refuse_used(target: Path) -> None:
-    from gpushare.core.files import check_name_length
-
     check_name_length(target, "DIR")
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise GpushareError(Problem("the workspace directory names something that is not a directory",
@@ -171,8 +175,6 @@ def _fill_existing(target: Path) -> None:
     """Into a directory that holds only a .git or .venv: the skeleton is built beside it and its entries renamed
     in; if any rename fails, those already moved are taken out again."""
     import tempfile
-
-    from gpushare.core.files import Unwritable, rename_noreplace
 
     tmp: Path | None = None
     moved: list[Path] = []
@@ -235,7 +237,7 @@ def _runtime_options(venv: Path | None) -> str:
 
 def _write_schemas(directory: Path) -> None:
     """The JSON schemas the files' `yaml-language-server` comments point at, for editors."""
-    from gpushare.core.schemas import json_schemas
+    from gpushare.core.schemas import json_schemas  # lazy: pydantic models, ~0.2 s to import
 
     directory.mkdir()
     for name, schema in json_schemas().items():
@@ -243,8 +245,6 @@ def _write_schemas(directory: Path) -> None:
 
 
 def _workspace(directory: Path | None) -> Path:
-    from gpushare.core.paths import WORKSPACE_MARKER, project_root
-
     workspace = directory if directory is not None else project_root()
     if not (workspace / WORKSPACE_MARKER).is_file():
         raise GpushareError(Problem(f"not a gpushare workspace (no {WORKSPACE_MARKER})", file=str(workspace),
@@ -254,8 +254,6 @@ def _workspace(directory: Path | None) -> Path:
 
 def write_example(name: str, workspace: Path) -> list[str]:
     """Copy an example's files into the workspace's examples/; every file or none, and none may exist."""
-    from gpushare.core.files import check_output_file, write_files
-
     if name not in EXAMPLES:
         raise GpushareError(Problem(f"no example named {name!r}", path="--example",
                                     fix=f"use one of {', '.join(EXAMPLES)}"), exit_code=2)

@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.cli.common import finite
+from gpushare.cli.common import fail, finite, print_records
+from gpushare.core.errors import GpushareError, Problem, printable
+from gpushare.core.files import check_output_file, write_file
+from gpushare.core.paths import default_profiles_dir, environment_path
 
 if TYPE_CHECKING:
     from gpushare.planner.pack import PackPlan
@@ -49,11 +52,9 @@ def pack_command(
 
     Exit 0 with a plan, 1 when the demand cannot be served or is invalid, 2 when a file cannot be read.
     """
-    from gpushare.cli.common import fail
-    from gpushare.core.errors import GpushareError, Problem
-    from gpushare.core.files import check_output_file, write_file
-    from gpushare.planner.demand import load_demand, parse_gpus_option
-    from gpushare.planner.pack import env_section_yaml, fleet_patch_yaml, plan_demand
+    from gpushare.planner.demand import load_demand, parse_gpus_option  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.planner.pack import plan_demand  # lazy: pydantic models and numpy, ~0.5 s to import
+    from gpushare.planner.pack_output import env_section_yaml, fleet_patch_yaml  # lazy: as planner.pack
 
     try:
         if env_out is not None:
@@ -91,9 +92,7 @@ def pack_command(
 def _inputs(demand: Path, env: str | None) -> list[Path]:
     """Every file pack reads, which --env-out must not replace: the demand file, and with --env or --fleet the
     environment file, its profiles and the guardrails (policies/guardrails.yaml and policies/guardrails.d/)."""
-    from gpushare.core.errors import GpushareError
-    from gpushare.core.guardrails import FRAGMENTS_DIR, guardrails_path
-    from gpushare.core.paths import default_profiles_dir, environment_path
+    from gpushare.core.guardrails import FRAGMENTS_DIR, guardrails_path  # lazy: pydantic models, ~0.2 s to import
 
     inputs = [demand]
     if env is not None:
@@ -109,9 +108,6 @@ def _inputs(demand: Path, env: str | None) -> list[Path]:
 def _print_plan(plan: PackPlan, env_out: Path | None) -> None:
     from rich.console import Console
     from rich.markup import escape
-
-    from gpushare.cli.common import print_records
-    from gpushare.core.errors import printable
 
     console = Console(highlight=False)
     title = f"gpushare pack: {plan.demand.name or 'demand'}" + (

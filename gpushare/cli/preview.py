@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpushare.cli.common import fail
 from gpushare.core.errors import GpushareError
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ def preview_command(
 ) -> None:
     """Offline preview of `pulumi up -s ENV`: the program under Pulumi's mock engine, every Kubernetes object
     validated (strict schemas of pinned Kubernetes minors, CRD schemas); exit 1 if anything is invalid."""
-    from gpushare.ops.preview import NOT_CHECKED, run_preview
+    from gpushare.ops.preview import NOT_CHECKED, run_preview  # lazy: pulls in pulumi, ~1 s to import
 
     try:
         result = run_preview(env, out)
@@ -36,7 +37,6 @@ def preview_command(
             print(json.dumps({"ok": False, "resources": [], "errors": [str(p) for p in err.problems], "warnings": [],
                               "problems": [p.as_dict() for p in err.problems]}, indent=2))
             raise typer.Exit(code=err.exit_code) from None
-        from gpushare.cli.common import fail
 
         raise fail(err, as_json) from None
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpushare.cli.common import TimeoutOption, unix_time
+from gpushare.cli.common import TimeoutOption, fail, print_records, unix_time
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import check_output_file, write_file
 from gpushare.ops.timeouts import DEFAULT_TIMEOUT
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 def _offline_plan(promotion: Promotion) -> tuple[list[Any] | None, str]:
     """The Pulumi program's offline plan of the proposed target (the target's stack, reading the proposed file)."""
-    from gpushare.ops.preview import collect_plan, stack_config
-    from gpushare.policy.registry import PlanResource
+    from gpushare.ops.preview import collect_plan, stack_config  # lazy: pulls in pulumi, ~1 s to import
+    from gpushare.policy.registry import PlanResource  # lazy: pydantic models, ~0.2 s to import
 
     target = promotion.target.environment
     try:
@@ -53,11 +53,10 @@ def promote_command(
     """Check the promotion gates from Prometheus evidence; when all pass, write the target's change as a patch."""
     import tempfile
 
-    from gpushare.cli.common import fail
-    from gpushare.core.guardrails import load_guardrails
-    from gpushare.core.resolve import resolve_env
-    from gpushare.ops.prometheus import Prometheus
-    from gpushare.ops.promote import (
+    from gpushare.core.guardrails import load_guardrails  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.core.resolve import resolve_env  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.ops.prometheus import Prometheus  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.ops.promote import (  # lazy: pydantic models and Jinja2, ~0.3 s to import
         check_promotion,
         guardrails_gate,
         health_gates,
@@ -120,8 +119,6 @@ def _print(summary: dict[str, Any], gates: list[Any], errors: list[Problem], whe
     from rich.console import Console
     from rich.markup import escape
     from rich.text import Text
-
-    from gpushare.cli.common import print_records
 
     out = Console(highlight=False)
     source, target = summary["from"], summary["to"]

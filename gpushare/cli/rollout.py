@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.cli.common import TimeoutOption, finite
+from gpushare.cli.common import TimeoutOption, fail, finite, print_records
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.ops.rollout.batches import DEFAULT_BATCHES
+from gpushare.core.files import check_output_file
+from gpushare.core.paths import ansible_environment, mitogen_environment, project_root
+from gpushare.ops.rollout.batches import DEFAULT_BATCHES, parse_batches
 from gpushare.ops.timeouts import AWX_JOB_TIMEOUT, DEFAULT_TIMEOUT, GATE_TIMEOUT, MAX_AWX_JOB_TIMEOUT
 
 if TYPE_CHECKING:
@@ -77,12 +79,9 @@ def rollout_command(
     """Roll an environment out: Pulumi adds configs, bare-metal hosts converge batch by batch behind health gates,
     Pulumi prunes; resumable from the journal, with rollback. Exit 0 done, 1 refused or failed, 2 bad input,
     3 stopped at a manual step."""
-    from gpushare.cli.common import fail
-    from gpushare.core.files import check_output_file
-    from gpushare.core.resolve import resolve_env
-    from gpushare.ops.rollout.batches import parse_batches
-    from gpushare.ops.rollout.journal import Journal
-    from gpushare.ops.rollout.plan import plan_rollout, state_dir
+    from gpushare.core.resolve import resolve_env  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.ops.rollout.journal import Journal  # lazy: pydantic models, ~0.2 s to import
+    from gpushare.ops.rollout.plan import plan_rollout, state_dir  # lazy: pydantic models and Jinja2, ~0.3 s to import
 
     # A dry run resolves the journal's revisions in a throwaway folder: it changes nothing, revisions/ included.
     scratch = Path(tempfile.mkdtemp(prefix="gpushare-dry-run-")) if dry_run else None
@@ -155,8 +154,8 @@ def _say(as_json: bool, message: str) -> None:
 
 
 def _refuse_on_drift(fleet: ResolvedFleet, kubeconfig: Path) -> None:
-    from gpushare.ops.rollout.adapters import Kube
-    from gpushare.ops.rollout.drift_gate import unexplained_drift
+    from gpushare.ops.rollout.adapters import Kube  # lazy: pydantic models and Jinja2, ~0.3 s to import
+    from gpushare.ops.rollout.drift_gate import unexplained_drift  # lazy: pydantic models and Jinja2, ~0.3 s to import
 
     drift = unexplained_drift(fleet, Kube(kubeconfig))
     if drift:
@@ -171,7 +170,7 @@ def _refuse_on_impact(env: str, fleet: ResolvedFleet, kubeconfig: Path) -> None:
     """`gpushare diff` per cluster (through its kubeconfig_context), on an adopted environment (its `adoption:` block:
     a cluster that ran before gpushare, whose guards are staged): a rollout that would break running work (a guard
     moved to deny or enforce, a taint, a quota, a resource name) does not start unless told to."""
-    from gpushare.ops.brownfield.livediff import BREAKING, Api, live_diff
+    from gpushare.ops.brownfield.livediff import BREAKING, Api, live_diff  # lazy: pulls in pulumi, ~1 s to import
 
     problems = []
     for cluster in fleet.clusters.values():
@@ -189,10 +188,10 @@ def _refuse_on_impact(env: str, fleet: ResolvedFleet, kubeconfig: Path) -> None:
 
 def _check(env: str, waivers: Path | None, as_json: bool, refuse: bool) -> None:
     """`gpushare check` (with the offline plan): a rollout of a failing environment refuses to start."""
-    from gpushare.ops.preview import plan_resources
-    from gpushare.policy.context import context_for
-    from gpushare.policy.evaluate import evaluate
-    from gpushare.policy.waivers import load_waivers
+    from gpushare.ops.preview import plan_resources  # lazy: pulls in pulumi, ~1 s to import
+    from gpushare.policy.context import context_for  # lazy: pydantic models and Jinja2, ~0.3 s to import
+    from gpushare.policy.evaluate import evaluate  # lazy: pydantic models and Jinja2, ~0.3 s to import
+    from gpushare.policy.waivers import load_waivers  # lazy: pydantic models and Jinja2, ~0.3 s to import
 
     ctx = context_for(env, plan_resources(env))
     waiver_list, waiver_file = load_waivers(waivers)
@@ -212,8 +211,6 @@ def _check(env: str, waivers: Path | None, as_json: bool, refuse: bool) -> None:
 def _print_plan(plan: RolloutPlan) -> None:
     from rich.console import Console
     from rich.text import Text
-
-    from gpushare.cli.common import print_records
 
     console = Console(highlight=False)
     dirty = " (uncommitted changes)" if plan.dirty else ""
@@ -241,7 +238,7 @@ def _print_plan(plan: RolloutPlan) -> None:
 
 
 def _awx_templates(url: str | None, values: list[str], job_timeout: float | None = None) -> dict[str, int]:
-    from gpushare.ops.rollout.awx import controller_url, parse_templates
+    from gpushare.ops.rollout.awx import controller_url, parse_templates  # lazy: pydantic, Jinja2: ~0.3 s
 
     if url is None:
         if values:
@@ -266,7 +263,6 @@ def _strategy_env(mitogen: bool, awx_url: str | None) -> dict[str, str]:
                                     fix="set gpushare_strategy=mitogen_free in the job template's extra variables "
                                         "(with Mitogen in its execution environment), and leave --mitogen out"),
                             exit_code=2)
-    from gpushare.core.paths import mitogen_environment
 
     return mitogen_environment()
 
@@ -278,9 +274,9 @@ def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulum
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from gpushare.ops.rollout import adapters
-    from gpushare.ops.rollout.execute import Progress as Callbacks
-    from gpushare.ops.rollout.execute import execute
+    from gpushare.ops.rollout import adapters  # lazy: pydantic models and Jinja2, ~0.3 s to import
+    from gpushare.ops.rollout.execute import Progress as Callbacks  # lazy: pydantic models and Jinja2, ~0.3 s to import
+    from gpushare.ops.rollout.execute import execute  # lazy: pydantic models and Jinja2, ~0.3 s to import
 
     err = Console(stderr=True, highlight=False)
 
@@ -336,7 +332,7 @@ def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulum
 
     ansible: adapters.AnsibleRunner
     if awx_url is not None:
-        from gpushare.ops.rollout.awx import AwxBackend
+        from gpushare.ops.rollout.awx import AwxBackend  # lazy: pydantic models and Jinja2, ~0.3 s to import
 
         # The controller's job templates bring their own inventory, credentials and kubeconfig.
         ansible = AwxBackend(awx_url, awx_templates or {}, journal.path.parent / "logs", timeout=awx_job_timeout,
@@ -361,9 +357,6 @@ def ansible_env_command(
     """Print the settings that point Ansible at this machine's gpushare (its playbooks, roles, modules, inventory
     plugin) and the workspace's ansible.cfg, for running playbooks by hand: eval "$(gpushare ansible-env)"."""
     import shlex
-
-    from gpushare.cli.common import fail
-    from gpushare.core.paths import ansible_environment, mitogen_environment, project_root
 
     try:
         env = ansible_environment(project_root())

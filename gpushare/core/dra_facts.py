@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpushare.core import kubeversions, spec
-from gpushare.core.files import load_yaml_file
 from gpushare.core.paths import package_data_path
+from gpushare.core.reading import load_yaml_file
 
 if TYPE_CHECKING:
     from gpushare.core.catalog import GpuModel

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError
 
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.files import load_yaml_file
 from gpushare.core.paths import check_inside_workspace
+from gpushare.core.reading import load_yaml_file
 
 
 def invalid(message: str, fix: str) -> PydanticCustomError:

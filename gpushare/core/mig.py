@@ -18,7 +18,7 @@ from functools import cache
 from operator import attrgetter
 from typing import Any
 
-from gpushare.core.catalog import GpuModel, MigProfile, unknown_profile_message
+from gpushare.core.catalog import GpuModel, MigProfile, load_catalog, unknown_profile_message
 from gpushare.core.errors import GpushareError, Problem
 
 
@@ -126,8 +126,6 @@ def parse_layout(text: str) -> Layout:
 @cache
 def max_instances_per_gpu() -> int:
     """The most GPU instances any catalogued GPU can hold: a bound on counts before any list is built."""
-    from gpushare.core.catalog import load_catalog
-
     return max((p.max_count for m in load_catalog().models.values() for p in m.profiles.values()), default=0)
 
 

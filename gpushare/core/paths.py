@@ -9,6 +9,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.reading import parse_yaml, read_text
 
 
 def package_data(*parts: str) -> Traversable:
@@ -126,8 +127,6 @@ _MARKERS_READ: dict[tuple[str, int], None] = {}  # (path, mtime) of markers alre
 def check_marker(root: Path) -> None:
     """The workspace marker is read like any workspace file: text, YAML, and a version this gpushare knows. A
     marker that is none of these is refused before any other file of the workspace is trusted (exit 2)."""
-    from gpushare.core.files import parse_yaml, read_text
-
     path = root / WORKSPACE_MARKER
     try:
         key = (str(path), os.stat(path).st_mtime_ns)

@@ -14,9 +14,9 @@ from typing import Any
 import yaml
 
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.files import read_text
 from gpushare.core.loading import Located
 from gpushare.core.paths import package_collection
+from gpushare.core.reading import read_text
 
 # Variables that hold a whole file's text (rendered by gpushare): newlines and tabs are their lines and indents.
 FILE_TEXT_VARIABLES = frozenset({

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.files import load_yaml_file
 from gpushare.core.paths import check_inside_workspace, lexical_workspace, project_root
+from gpushare.core.reading import load_yaml_file
 
 ENVIRONMENT_KEY = "gpushare:environment"
 OPERATOR_VALUES_KEY = "gpushare:operatorValues"  # the site's own GPU Operator values, added to gpushare's

@@ -21,11 +21,14 @@ from typing import Any
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import WORKSPACE_MARKER, environment_path, project_root
+from gpushare.core.reading import parse_yaml
 from gpushare.core.resolve import ResolvedFleet, ResolvedNode, ResolvedPool
 from gpushare.core.revision import Revision
+from gpushare.core.spec import SHARED_KINDS
+from gpushare.ops.preview import plan_resources
 from gpushare.policy.context import context_for
 from gpushare.policy.evaluate import Report, evaluate
-from gpushare.policy.registry import SHARED_KINDS, Context, Violation
+from gpushare.policy.registry import Context, Violation
 from gpushare.policy.waivers import WAIVER_RULES, Waiver, load_waivers
 
 # No expiry warning existed before: a waiver that ends within this many days of the day judged (--today) is listed
@@ -46,8 +49,6 @@ def check_once(env: str, waivers: Path | None, today: date, offline_plan: bool, 
                no_waivers: bool = False) -> Checked:
     """`gpushare check` over the workspace GPUSHARE_ROOT (or the working directory) names; `no_waivers`: judge
     without any waivers file."""
-    from gpushare.ops.preview import plan_resources
-
     plan = plan_resources(env) if offline_plan else None
     ctx = context_for(env, plan, base=base)
     if no_waivers:
@@ -79,8 +80,6 @@ def _inside(root_rel: str, rel: str) -> str:
 
 def _program_paths(revision: Revision, root_rel: str) -> list[str]:
     """What `pulumi up` runs, as Pulumi.yaml at the base names it: its `main` launcher (infra/__main__.py)."""
-    from gpushare.core.files import parse_yaml
-
     text = revision.read(_inside(root_rel, "Pulumi.yaml"))
     if text is None:
         return []

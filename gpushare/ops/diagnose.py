@@ -10,7 +10,7 @@ from gpushare.core.errors import Problem
 from gpushare.core.guardrails import duration_seconds
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.ops.prometheus import Prometheus
-from gpushare.render.monitoring import rules as r
+from gpushare.render.monitoring import expressions as r
 from gpushare.render.monitoring.promql import HOST_LABEL, LEGACY_HOST_LABEL
 
 DCGM_UTILIZATION = "DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_GR_ENGINE_ACTIVE"

@@ -22,9 +22,14 @@ import yaml
 
 from gpushare.core import kubeversions
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.files import complete_swap, replace_dirs, write_file, yaml_text
 from gpushare.core.paths import package_data_path, project_root
-from gpushare.core.stacks import stack_config
+from gpushare.core.reading import load_yaml_file
+from gpushare.core.spec import load_environment
+from gpushare.core.stacks import ENVIRONMENT_KEY, environment_file, stack_config
 from gpushare.policy.registry import PlanResource
+from gpushare.program import main as package_program
+from gpushare.render.fleet import MARKER as RENDER_MARKER
 from gpushare.render.fleet import PREVIEW_MARKER
 
 # A preview validates each cluster's objects against the strict schemas of that cluster's kubernetes_version
@@ -152,9 +157,6 @@ def collect_plan(env: str, config: Mapping[str, Any] | None = None, *, stack: st
 def cluster_minors(plan: Plan) -> dict[str, str]:
     """Each cluster's kubernetes_version, from the environment file the stack's config names ({} if unreadable:
     the program has already said why)."""
-    from gpushare.core.spec import load_environment
-    from gpushare.core.stacks import ENVIRONMENT_KEY, environment_file
-
     value = plan.config.get(ENVIRONMENT_KEY)
     if not value:
         return {}
@@ -171,14 +173,11 @@ def program_file() -> Path:
     root = project_root()
     project = root / "Pulumi.yaml"
     if project.is_file():
-        from gpushare.core.files import load_yaml_file
-
         _, data = load_yaml_file(project, "Pulumi project file")
         main = root / str(data.get("main", ".") if isinstance(data, dict) else ".")
         launcher = main / "__main__.py" if main.is_dir() else main
         if launcher.is_file():
             return launcher
-    from gpushare.program import main as package_program
 
     return Path(package_program.__file__)
 
@@ -494,9 +493,6 @@ def write_manifests(plan: Plan, objects: list[KubernetesObject], out: Path) -> l
     """Replace DIR/manifests (every Kubernetes object) and DIR/helm-values (each release's values) together, in one
     step as far as a reader can tell (gpushare.core.files.replace_dirs: an interruption or a full disk leaves the
     previous preview whole); anything else in DIR (such as `gpushare render` output) stays."""
-    from gpushare.core.files import complete_swap, replace_dirs, write_file, yaml_text
-    from gpushare.render.fleet import MARKER as RENDER_MARKER
-
     for part in ("manifests", "helm-values"):
         complete_swap(out / part)
 

@@ -44,7 +44,10 @@ from gpushare.core.paths import default_profiles_dir, patch_path
 from gpushare.core.resolve import ResolvedFleet, ResolvedNode, ResolvedPool, resolve
 from gpushare.ops.patch import Proposal, dump_yaml, roundtrip_yaml
 from gpushare.ops.prometheus import Prometheus, finite_times
-from gpushare.render.monitoring import rules as r
+from gpushare.policy.evaluate import evaluate
+from gpushare.policy.registry import Context
+from gpushare.policy.waivers import load_waivers
+from gpushare.render.monitoring import expressions as r
 from gpushare.render.monitoring.promql import HOST_LABEL, HOST_LABELS, alternatives, dcgm_host, ksm_label
 
 DAY = 86400
@@ -541,9 +544,6 @@ def no_evidence_gates(found: list[Item], source: ResolvedFleet, guardrails: Guar
 
 def guardrails_gate(promotion: Promotion, guardrails: Guardrails, today: date, plan: list[Any] | None,
                     plan_note: str = "") -> Gate:
-    from gpushare.policy.evaluate import evaluate
-    from gpushare.policy.registry import Context
-    from gpushare.policy.waivers import load_waivers
 
     ctx = Context(fleet=promotion.candidate, guardrails=guardrails, plan=plan, promotion_source=promotion.source)
     waivers, waivers_file = load_waivers()

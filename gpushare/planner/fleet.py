@@ -1,3 +1,4 @@
+# One module: re-planning onto existing hosts is one staged solve; its hints, model and bounds share host classes.
 """`gpushare pack --fleet ENV`: plan onto an environment's existing hosts and GPUs with the fewest disruptive
 changes (docs/pack.md, "Re-planning a fleet").
 

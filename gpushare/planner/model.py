@@ -22,6 +22,7 @@ import numpy as np
 from gpushare.core.catalog import GpuModel, MigProfile, load_catalog
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.mig import check_layout, layout_counts, layout_from_counts, parse_layout
+from gpushare.core.resolve import generic_layout
 from gpushare.planner.demand import Demand, GpuSupply
 
 Sharing = Literal["exclusive", "time-slicing", "mps"]
@@ -164,8 +165,6 @@ def profile_config(profile: Any, model: GpuModel, driver_branch: int | None
                    ) -> tuple[str, tuple[tuple[str, int], ...] | None, int] | None:
     """What an existing sharing profile makes of one GPU of `model`: (kind, layout, replicas), or None where it
     does not apply to the model (MIG on a GPU without MIG, no layout for the model, an invalid layout)."""
-    from gpushare.core.resolve import generic_layout
-
     kind = profile.kind
     if kind == "exclusive":
         return kind, None, 1

@@ -16,8 +16,8 @@ Sharing rules the plan keeps (docs/pack.md, docs/safety-rules.md):
   multi-profile MIG layouts (mixed).
 
 The model and the solver live in planner/model.py and the planner/solve package; this module builds the problem
-from the files, checks the plan independently of the solver, and turns it into JSON, tables and an environment
-section.
+from the files, checks the plan independently of the solver and names its profiles; planner/pack_output.py turns
+the plan into an environment section (--env-out) or a fleet patch (--fleet).
 """
 
 from __future__ import annotations
@@ -29,16 +29,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpushare.core.catalog import Catalog
+from gpushare.core.catalog import Catalog, load_catalog
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.guardrails import guardrails_path, load_guardrails
 from gpushare.core.loading import Located
 from gpushare.core.mig import check_layout, layout_from_counts
+from gpushare.core.paths import project_root
+from gpushare.core.resolve import resolve_env
+from gpushare.core.spec import load_profile_file
 from gpushare.planner.demand import Demand, GpuSupply, load_demand
 from gpushare.planner.fleet import FleetChanges, FleetHost, fleet_hosts, no_fleet_error, plan_fleet
 from gpushare.planner.model import EPS, GpuConfig, Limits, PackProblem, UnitKind, build_problem, with_replicas
 from gpushare.planner.solve import BOUND_MARGIN, Infeasible, Progress, SolveResult, solve
 
-HOST_GPUS = 8  # GPUs per planned host in --env-out
 MIN_SOLVE_SECONDS = 0.5  # the solve gets at least this long, however little of --time-limit is left
 CHECK_SHARE = 0.03  # the share of --time-limit kept back from the solve for checking the plan and writing it out
 OPTIMAL_SLACK = 1e-6  # a plan this close to its lower bound counts as optimal (the bound is a float LP's)
@@ -205,9 +208,6 @@ class PackPlan:
 
 
 def _project_profiles() -> dict[str, Any]:
-    from gpushare.core.paths import project_root
-    from gpushare.core.spec import load_profile_file
-
     directory = project_root() / "profiles"
     found = {}
     for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
@@ -220,8 +220,6 @@ def environment_limits(env: str | None) -> Limits:
     """What `--env` allows: guardrails, the target cluster, allowed profiles, tenants' trust."""
     if env is None:
         return Limits(profiles=_project_profiles())
-    from gpushare.core.guardrails import load_guardrails
-    from gpushare.core.resolve import resolve_env
 
     fleet = resolve_env(env)
     rails = load_guardrails()
@@ -313,8 +311,6 @@ def plan_demand(demand: Demand, doc: Located | None = None, *, env: str | None =
     hosts: list[FleetHost] = []
     addable: dict[str, int | None] = {}
     if fleet is not None:
-        from gpushare.core.resolve import resolve_env
-
         resolved = resolve_env(fleet)
         hosts = fleet_hosts(resolved, limits.driver_branch)
         if not hosts:
@@ -350,8 +346,6 @@ def plan_demand(demand: Demand, doc: Located | None = None, *, env: str | None =
 
 def with_context_reserve(demand: Demand) -> Demand:
     """The demand with the guardrails' planner.context_reserve_gib where the demand file sets none."""
-    from gpushare.core.guardrails import guardrails_path, load_guardrails
-
     if "context_reserve_gib" in demand.model_fields_set or not guardrails_path().is_file():
         return demand
     reserve = load_guardrails().planner.context_reserve_gib
@@ -361,8 +355,6 @@ def with_context_reserve(demand: Demand) -> Demand:
 def replan_supply(supply: list[GpuSupply], hosts: list[FleetHost]) -> tuple[list[GpuSupply], dict[str, int | None]]:
     """With --fleet: every model the fleet has, at its count plus what the demand's GPU list allows to add (a model
     it lists without a count: as many as needed); models the list leaves out are not added to."""
-    from gpushare.core.catalog import load_catalog
-
     catalog = load_catalog()
     existing: dict[str, int] = {}
     for h in hosts:
@@ -495,8 +487,6 @@ def check_plan(plan: PackPlan) -> list[str]:
             if kind.sharing != "exclusive":
                 limit = demand.max_shared_replicas
                 if problem.environment is not None:
-                    from gpushare.core.guardrails import load_guardrails
-
                     limit = min(limit, load_guardrails().max_shared_replicas(problem.environment, kind.memory_gib))
                 if kind.replicas > limit:
                     out.append(f"{where}: {kind.replicas} shared replicas, above the limit {limit}")
@@ -543,14 +533,12 @@ def check_plan(plan: PackPlan) -> list[str]:
 
 
 def _allowed(problem: PackProblem) -> Any:
-    from gpushare.core.guardrails import load_guardrails
-
     assert problem.environment is not None
     limits = load_guardrails().environment(problem.environment)
     return None if "*" in limits.allowed_profiles else limits.allows_profile
 
 
-# ---------------------------------------------------------------- the environment section
+# ---------------------------------------------------------------- naming the plan's profiles
 
 
 def _profile_document(config: GpuConfig, name: str) -> dict[str, Any]:
@@ -593,135 +581,3 @@ def name_profiles(plan: PackPlan) -> None:
             by_key[config.key] = name
             plan.new_profiles[name] = _profile_document(config, name)
         gpu.profile = name
-
-
-PLANNED_KUBERNETES = "1.33"
-
-
-def _dns(text: str, limit: int = 63) -> str:
-    out = "".join(ch if ch.isalnum() else "-" for ch in text.casefold())
-    while "--" in out:
-        out = out.replace("--", "-")
-    return out.strip("-")[:limit].rstrip("-")
-
-
-def env_section(plan: PackPlan) -> dict[str, Any]:
-    """Pools and new profiles as an environment file section; host names and addresses are placeholders."""
-    problem = plan.problem
-    section: dict[str, Any] = {}
-    if problem.cluster is None:
-        mps = any(g.config.kind == "mps" for g in plan.gpus)
-        # The cluster's real minor is unknown here: the newest one gpushare's schemas are checked against.
-        section["clusters"] = [{"name": "planned", "kind": "bare-metal", "kubernetes_version": PLANNED_KUBERNETES,
-                                "mig_strategy": "mixed", "cdi": True}]
-        if mps:
-            section["clusters"].append({"name": "planned-mps", "kind": "bare-metal",
-                                        "kubernetes_version": PLANNED_KUBERNETES, "mig_strategy": "single",
-                                        "cdi": True})
-    elif problem.cluster.kind != "bare-metal":
-        raise GpushareError(Problem(
-            f"environment {problem.environment} has no bare-metal cluster for the planned pools",
-            fix="add a bare-metal cluster, or write the pools' cloud blocks by hand from `gpushare pack --json`"))
-    used = {g.profile for g in plan.gpus}
-    profiles = [doc for name, doc in plan.new_profiles.items() if name in used]
-    if profiles:
-        section["profiles"] = profiles
-    pools = []
-    names: set[str] = set()
-    for pool in plan.pools():
-        model = plan.problem.models[pool["model"]]
-        base = _dns(f"plan-{model.slug}-{pool['profile'].removeprefix('plan-')}", 55)
-        name, k = base, 2
-        while name in names:
-            name = f"{base}-{k}"
-            k += 1
-        names.add(name)
-        if problem.cluster is not None:
-            cluster = problem.cluster.name
-        else:
-            cluster = "planned-mps" if pool["sharing"] == "mps" else "planned"
-        hosts = []
-        left = pool["gpus"]
-        for j in range(math.ceil(left / HOST_GPUS)):
-            host = f"{name}-{j + 1:02d}"
-            hosts.append({"name": host, "address": host, "gpu_count": min(HOST_GPUS, left)})
-            left -= HOST_GPUS
-        listed = ", ".join(pool["workloads"][:8]) + (", ..." if len(pool["workloads"]) > 8 else "")
-        pools.append({
-            "name": name, "cluster": cluster, "purpose": pool["purpose"], "gpu_model": model.name,
-            "profile": pool["profile"],
-            "description": f"{pool['gpus']} GPUs for {pool['workload_replicas']} replicas of {listed}",
-            "hosts": hosts,
-        })
-    section["pools"] = pools
-    return section
-
-
-def env_section_yaml(plan: PackPlan, demand_file: str | None = None) -> str:
-    from gpushare.core.files import yaml_text
-
-    where = f"environments/{plan.problem.environment}.yaml" if plan.problem.environment else "an environment file"
-    header = [
-        f"# Planned by `gpushare pack`{f' from {demand_file}' if demand_file else ''}: {plan.gpus_used} GPUs "
-        f"(lower bound {plan.lower_bound:g}) for {plan.baseline_gpus} workload replicas.",
-        f"# Pools and new profiles to merge into {where}. Host names and addresses are placeholders",
-        "# (gpu_count per host follows the plan): replace them with the real hosts before `gpushare validate`.",
-    ]
-    return "\n".join(header) + "\n" + yaml_text(env_section(plan))
-
-
-# ---------------------------------------------------------------- the fleet patch (--fleet)
-
-
-def _profile_for(plan: PackPlan, config: GpuConfig) -> str:
-    """The sharing profile a re-planned host gets: the one the plan's GPUs of that configuration use, else an
-    existing one that resolves to it, else a new `plan-*` one."""
-    for gpu in plan.gpus:
-        if gpu.config.key == config.key:
-            return gpu.profile
-    if config.profile_name is not None:
-        return config.profile_name
-    probe = PlannedGpu(config, [])
-    extra = PackPlan(plan.problem, [probe], 0.0, 0.0, 0.0, False, False, "", 0.0, {})
-    extra.new_profiles = plan.new_profiles  # shared: the new profile is the plan's
-    name_profiles(extra)
-    return probe.profile
-
-
-def fleet_patch(plan: PackPlan) -> dict[str, Any]:
-    """The reviewed change to the environment file: hosts that get another profile (each a drain), new profiles,
-    and pools for GPUs added (placeholder hosts, as --env-out writes them)."""
-    changes = plan.changes
-    assert changes is not None
-    problem = plan.problem
-    hosts = [{"pool": host.pool, "host": host.name, "profile": _profile_for(plan, problem.configs[g]),
-              "was": host.profile, "gpus": host.gpus} for host, g in changes.moves]
-    patch: dict[str, Any] = {"hosts": hosts}
-    added: list[PlannedGpu] = []
-    for g, count in sorted(changes.added.items()):
-        config = problem.configs[g]
-        added += [PlannedGpu(config, [], _profile_for(plan, config)) for _ in range(count)]
-    used = {h["profile"] for h in hosts} | {gpu.profile for gpu in added}
-    profiles = [doc for name, doc in plan.new_profiles.items() if name in used]
-    if profiles:
-        patch["profiles"] = profiles
-    if added:
-        extra = PackPlan(problem, added, 0.0, 0.0, 0.0, False, False, "", 0.0, {})
-        patch["pools"] = env_section(extra)["pools"]
-    return patch
-
-
-def fleet_patch_yaml(plan: PackPlan, demand_file: str | None = None) -> str:
-    from gpushare.core.files import yaml_text
-
-    changes = plan.changes
-    assert changes is not None
-    env = plan.problem.environment
-    header = [
-        f"# Re-planned by `gpushare pack --fleet {env}`{f' from {demand_file}' if demand_file else ''}: "
-        f"{changes.gpus_reconfigured} GPUs reconfigured on {len(changes.nodes_drained)} hosts (each drained), "
-        f"{changes.gpus_added} added, {changes.gpus_freed} left idle.",
-        f"# Review, then apply to environments/{env}.yaml: set each listed host's profile (add `profile:` to the "
-        "host), add the profiles, and merge the pools (their hosts are placeholders).",
-    ]
-    return "\n".join(header) + "\n" + yaml_text(fleet_patch(plan))

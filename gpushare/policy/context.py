@@ -11,6 +11,7 @@ from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import Guardrails, guardrails_path, load_guardrails, non_waivable_at
 from gpushare.core.paths import environment_path, project_root
 from gpushare.core.resolve import environment_stem, resolve, resolve_env
+from gpushare.core.stacks import ENVIRONMENT_KEY, environment_file, stack_config
 from gpushare.policy.registry import RENAMED, Context, PlanResource
 from gpushare.policy.rules import RULES
 
@@ -30,8 +31,6 @@ def load_checked_guardrails(path: Path | None = None) -> Guardrails:
 
 def stack_settings(env: str) -> dict[str, Any] | None:
     """The config of the Pulumi stack that deploys this environment (Pulumi.<stack>.yaml), where one does."""
-    from gpushare.core.stacks import stack_config
-
     if not env.endswith((".yaml", ".yml")) and os.sep not in env and not (project_root() / f"Pulumi.{env}.yaml"
                                                                           ).exists():
         return None
@@ -57,7 +56,6 @@ def context_for(env: str, plan: list[PlanResource] | None = None, guardrails: Gu
         else:
             source = resolve_env(str(path_of_source))
     config = stack_settings(env)
-    from gpushare.core.stacks import ENVIRONMENT_KEY, environment_file
 
     deployed = environment_file(config[ENVIRONMENT_KEY]) if config and config.get(ENVIRONMENT_KEY) else None
     return Context(fleet=fleet, guardrails=g, plan=plan, promotion_source=source, promotion_missing=missing,

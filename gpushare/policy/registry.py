@@ -16,10 +16,10 @@ from typing import Any, Literal
 from gpushare.core.guardrails import EnvironmentGuardrails, Guardrails
 from gpushare.core.mappings import dig
 from gpushare.core.resolve import ResolvedFleet, ResolvedNode
+from gpushare.core.spec import SHARED_KINDS
 from gpushare.core.stacks import OPERATOR_VALUES_KEY
 
 Level = Literal["mandatory", "advisory"]
-SHARED_KINDS = ("time-slicing", "mps", "mig-time-slicing")
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpushare.core.catalog import load_catalog
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.files import complete_swap, replace_dir
+from gpushare.core.guardrails import load_guardrails
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.core.spec import version_tuple
+from gpushare.render.monitoring import render_monitoring
 from gpushare.render.templating import environment
 
 MARKER = ".gpushare-render"
@@ -114,8 +117,6 @@ def render_fleet(fleet: ResolvedFleet) -> Rendered:
     for version in versions:
         runtime = containerd_runtime(version)
         out.files[f"containerd/{runtime.filename}"] = runtime_template.render(r=runtime)
-    from gpushare.core.guardrails import load_guardrails  # guardrails imports resolve, as this module does
-    from gpushare.render.monitoring import render_monitoring
 
     out.files.update(render_monitoring(fleet, load_guardrails()))  # counters CSV, rules per cluster, dashboards
     out.files["fleet.json"] = json.dumps(fleet.as_dict(), indent=2, sort_keys=False) + "\n"
@@ -126,8 +127,6 @@ def write_rendered(rendered: Rendered, out: Path) -> list[Path]:
     """Write everything or nothing: the files go into a directory beside `out` that then takes its place in one
     step, so `out` holds the whole old or the whole new output at every instant. What `gpushare preview --out`
     wrote there (PREVIEW_PARTS) is carried into the new directory, not deleted."""
-    from gpushare.core.files import complete_swap, replace_dir
-
     complete_swap(out)
     if out.exists() and not out.is_dir():
         raise GpushareError(Problem(f"{out} is a file, not a directory", fix="name a new or gpushare-written "

@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from gpushare.core.paths import package_data_path
-from tests.brownfield.conftest import CLUSTERS, ENV, cli
-from tests.brownfield.test_live import objects_of, without_source
 from tests.cluster.environments import apply_crds
 from tests.cluster.kube import Kube, eventually
 from tests.cluster.nodes import KWOK_ANNOTATION
+from tests.unit.ops.brownfield.helpers import CLUSTERS, ENV, cli
+from tests.unit.ops.brownfield.test_live import objects_of, without_source
 
 FIXTURES = ["timeslicing-mig", "quotas-kueue"]
 SERVER_FIELDS = ("resourceVersion", "uid", "creationTimestamp", "managedFields", "selfLink", "generation")
@@ -29,7 +29,7 @@ SERVER_FIELDS = ("resourceVersion", "uid", "creationTimestamp", "managedFields",
 def as_served(obj: dict[str, Any]) -> dict[str, Any]:
     """The object as a real cluster serves it. Kueue 0.19's conversion webhook (not running here) stores v1beta2,
     where a ClusterQueue's `cohort` is `cohortName`. The ClusterPolicy CRD requires spec.daemonsets, dcgm and
-    nodeStatusExporter, which the chart always renders (tests/brownfield's hand-written dumps leave them out): they
+    nodeStatusExporter, which the chart always renders (tests/data/brownfield's hand-written dumps leave them out): they
     get the chart's defaults. A dump of such a cluster lists the same objects."""
     obj = copy.deepcopy(obj)
     if obj["kind"] == "ClusterPolicy":

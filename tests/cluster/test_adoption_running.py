@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.brownfield.conftest import CLUSTERS
-from tests.brownfield.test_live import objects_of
 from tests.cluster.environments import ident, ordered
 from tests.cluster.kube import Kube, eventually
 from tests.cluster.test_adoption import as_served, populate
+from tests.unit.ops.brownfield.helpers import CLUSTERS
+from tests.unit.ops.brownfield.test_live import objects_of
 
 ENV = "prod"  # the shipped guardrails' strictest environment, promoted from a pilot the workspace does not have
 RESTRICTED = {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False,

@@ -206,10 +206,10 @@ class Elsewhere:
 
 
 _BAD_STATE = "tests/ansible/test_ansible_bad_state.py"
-_FILES = "tests/test_hardening_files.py"
-_CONFIGMAPS = "tests/brownfield/test_import_configmap_values.py"
+_FILES = "tests/unit/cli/test_file_system_edges.py"
+_CONFIGMAPS = "tests/unit/ops/brownfield/test_objects.py"
 _AWX = "tests/ansible/test_ansible_awx.py"
-_SILENT = "tests/test_silent_servers.py"
+_SILENT = "tests/unit/ops/test_timeouts.py"
 
 ELSEWHERE = [
     Elsewhere("collection", "gpushare's state file on a host is not JSON, a JSON list or a directory",

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tests.contract.harness import ROOT, Worker, assert_contract, make_workspace, seed, snapshot, write_input
 
 pytestmark = pytest.mark.slow
-CLUSTERS = ROOT / "tests" / "brownfield" / "clusters"  # kubectl dumps of running clusters (read-only)
+CLUSTERS = ROOT / "tests" / "data" / "brownfield"  # kubectl dumps of running clusters (read-only)
 
 # YAML text that surprises: YAML 1.1 booleans and dates, sexagesimal, octal, huge and odd numbers, templates
 # and shell, empty and nested values, anchors, long text, control characters.

@@ -1,6 +1,6 @@
 """Every dcgm-exporter counters file gpushare renders, read by Go's own encoding/csv set up as dcgm-exporter sets it
 up (dcgmcounters/main.go), and the Python model (gpushare.render.monitoring.counters) agreeing with Go on every case
-of tests/test_dcgm_counters.py.
+of tests/unit/render/monitoring/test_counters.py.
 
 NVIDIA's own reader (dcgm-exporter internal/pkg/counters) is not built: the module proxy serves no version of
 github.com/NVIDIA/dcgm-exporter or github.com/NVIDIA/go-dcgm, and that package links DCGM through cgo.
@@ -21,7 +21,7 @@ from gpushare.core.errors import GpushareError
 from gpushare.render.monitoring.counters import FIELDS_FILE, read_counters
 from gpushare.render.monitoring.fields import REQUIRED_FIELDS
 from tests.nvidia.programs import ENVIRONMENT_FILES, ENVIRONMENT_IDS, ROOT, rendered
-from tests.test_dcgm_counters import CASES
+from tests.unit.render.monitoring.test_counters import CASES
 
 pytestmark = pytest.mark.slow  # builds a Go program
 SOURCE = Path(__file__).parent / "dcgmcounters"
@@ -34,8 +34,8 @@ def dcgmcounters(tmp_path_factory: pytest.TempPathFactory) -> Path:
     go = shutil.which("go")
     if go is None:
         pytest.skip("Go is not installed: the Go check of dcgm-exporter counters files needs it (apt-get install "
-                    "golang-go, or Go from https://go.dev/dl/ on PATH); tests/test_dcgm_counters.py still runs the "
-                    "Python check")
+                    "golang-go, or Go from https://go.dev/dl/ on PATH); "
+                    "tests/unit/render/monitoring/test_counters.py still runs the Python check")
     out = tmp_path_factory.mktemp("dcgmcounters") / "dcgmcounters"
     # Standard library only: nothing to download, so no proxy at all.
     env = {**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOPROXY": "off"}

@@ -14,8 +14,8 @@ from typing import TextIO
 
 from gpushare.core.labels import MIG_STATE_LABEL, OPERATOR_MIG_CONFIG_LABEL
 from gpushare.core.resolve import ResolvedFleet, ResolvedNode
+from gpushare.render.monitoring.expressions import kube_state_metrics_label_allowlist
 from gpushare.render.monitoring.promql import HOST_LABEL, LEGACY_HOST_LABEL, ksm_label
-from gpushare.render.monitoring.rules import kube_state_metrics_label_allowlist
 from tests.prometheus.scenarios import WAIT_BUCKETS, create_blocks
 
 DAY = 86400

@@ -27,6 +27,15 @@ from typing import Any
 
 from gpushare.core.errors import GpushareError
 from gpushare.core.files import yaml_text
+from gpushare.core.guardrails import load_guardrails
+from gpushare.core.paths import WORKSPACE_MARKER, environment_path
+from gpushare.core.resolve import resolve
+from gpushare.core.spec import SHARED_KINDS
+from gpushare.ops.preview import plan_resources
+from gpushare.policy.context import context_for, load_checked_guardrails
+from gpushare.policy.evaluate import evaluate
+from gpushare.policy.registry import shared_replicas
+from gpushare.policy.waivers import load_waivers
 
 
 @dataclass
@@ -43,8 +52,6 @@ class AdoptionStage:
 def _workspace_copy(workspace: Path, files: dict[str, str]) -> Iterator[Path]:
     """The workspace's policies, profiles, environments and stacks with `files` added, in a temporary folder that
     is the project root while the block runs."""
-    from gpushare.core.paths import WORKSPACE_MARKER
-
     with tempfile.TemporaryDirectory(prefix="gpushare-adopt-") as tmp:
         root = Path(tmp)
         shutil.copy2(workspace / WORKSPACE_MARKER, root / WORKSPACE_MARKER)
@@ -70,11 +77,6 @@ def _workspace_copy(workspace: Path, files: dict[str, str]) -> Iterator[Path]:
 def measured_limits(env: str) -> dict[str, Any]:
     """Guardrail limits that the imported environment meets as it runs: its oversubscription (rounded up to a
     hundredth), its largest replicas per memory class (2 where it shares none), its profiles."""
-    from gpushare.core.guardrails import load_guardrails
-    from gpushare.core.paths import environment_path
-    from gpushare.core.resolve import resolve
-    from gpushare.policy.registry import SHARED_KINDS, shared_replicas
-
     fleet = resolve(environment_path(env))
     g = load_guardrails()
     replicas = {c.name: 2 for c in g.memory_classes}
@@ -102,12 +104,6 @@ def _glob_literal(text: str) -> str:
 def adoption_stage(workspace: Path, env: str, files: dict[str, str], today: date) -> AdoptionStage:
     """The guardrails fragment and waivers that let `gpushare check --env ENV` pass on the imported cluster, and
     what no waiver may cover. `files`: the import's own files (relative paths -> text)."""
-    from gpushare.core.guardrails import load_guardrails
-    from gpushare.ops.preview import plan_resources
-    from gpushare.policy.context import context_for, load_checked_guardrails
-    from gpushare.policy.evaluate import evaluate
-    from gpushare.policy.waivers import load_waivers
-
     stage = AdoptionStage()
     with _workspace_copy(workspace, files) as root:
         if env not in load_guardrails(root / "policies" / "guardrails.yaml").environments:

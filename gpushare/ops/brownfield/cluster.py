@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from gpushare.core.catalog import GpuModel, load_catalog
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.files import load_yaml_documents, parse_yaml
 from gpushare.core.mappings import dig
+from gpushare.core.reading import load_yaml_documents, parse_yaml
 from gpushare.core.spec import NAME_PATTERN, is_system_namespace
 from gpushare.ops.brownfield.objects import MIG_CONFIG, MODELS, DevicePluginConfig, KubeObject, problems, reason
 
@@ -32,7 +32,7 @@ MIG_PARTED_KEY = "config.yaml"
 # Kinds the importer reads; every other object in the dumps is listed as unsupported, not ignored.
 # The largest dump file read. `kubectl get nodes -o yaml --show-managed-fields` writes about 14 KB per GPU node
 # (GFD labels, images, managedFields): a 5,000-node cluster is 69 MB in one file. Its `items` are read one by one
-# (core.files.parse_yaml_documents), so the import peaks at a few times the dump's size (benchmarks/import_memory.py:
+# (core.reading.parse_yaml_documents), so the import peaks at a few times the dump's size (benchmarks/import_memory.py:
 # 313 MiB for 50 MB, where the whole file's YAML tree took 1,096 MiB). 128 MiB leaves room for bigger nodes.
 MAX_DUMP_BYTES = 128 * 1024 * 1024
 KINDS = ("ClusterPolicy", "NVIDIADriver", "ConfigMap", "Node", "ResourceQuota", "PriorityClass", "Namespace",

@@ -1,3 +1,4 @@
+# One module: one pass from a cluster's state to the files that reproduce it; pools, names and texts are its steps.
 """`gpushare import`: a cluster's GPU sharing turned into an environment file and sharing profiles that reproduce
 it. Pools group nodes with the same GPU model, configs, taints and driver; profiles are named after the configs
 they came from; tenants come from quotas and Kueue queues. What gpushare cannot express is never dropped in
@@ -11,15 +12,17 @@ from dataclasses import dataclass, field
 from datetime import date
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from gpushare.core import spec
 from gpushare.core.catalog import GpuModel
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import yaml_text
+from gpushare.core.guardrails import load_guardrails
 from gpushare.core.mappings import dig
 from gpushare.core.paths import package_data_path
-from gpushare.core.spec import is_system_namespace
+from gpushare.core.resolve import ResolvedFleet, advertised_per_gpu
+from gpushare.core.spec import PROFILE_ADAPTER, is_system_namespace, version_tuple
 from gpushare.ops.brownfield.cluster import (
     COUNT_LABEL,
     DEVICE_PLUGIN_LABEL,
@@ -48,9 +51,6 @@ from gpushare.ops.brownfield.cluster import (
 )
 from gpushare.ops.brownfield.operator import operator_changes
 
-if TYPE_CHECKING:
-    from gpushare.core.resolve import ResolvedFleet
-
 FALLBACK_DRIVER = 570
 # Taints Kubernetes itself sets: never a pool's.
 
@@ -60,8 +60,6 @@ def fallback_toolkit() -> str:
     """The toolkit version imported where the ClusterPolicy names none (reported, and `gpushare check` judges it):
     the CVE floor of the guardrails `gpushare init` writes (gpushare/data/workspace/policies/guardrails.yaml), the
     one place that floor is defined."""
-    from gpushare.core.guardrails import load_guardrails
-
     return load_guardrails(package_data_path("workspace", "policies", "guardrails.yaml")).toolkit.min_version
 
 
@@ -291,9 +289,6 @@ class _Importer:
 
     def advertised(self, profile: str, model: GpuModel) -> dict[str, int]:
         """What one GPU of this model advertises under the imported profile, as the resolver will name it."""
-        from gpushare.core import spec
-        from gpushare.core.resolve import advertised_per_gpu
-
         cluster = spec.Cluster.model_validate({"name": self.env, "kind": "bare-metal", "kubernetes_version": "1.31",
                                                "mig_strategy": self.strategy})
         data = self.profiles[profile]
@@ -381,8 +376,6 @@ class _Importer:
     def toolkit_version(self, floor: str | None = None) -> str:
         """The toolkit the cluster runs; below the guardrails' CVE floor (a rule no waiver covers), the floor: the
         first rollout's remediation, said in the report."""
-        from gpushare.core.spec import version_tuple
-
         text = str(dig(self.spec, "toolkit", "version", default=""))
         found = re.match(r"v?(\d+\.\d+\.\d+)", text)
         if found is None:
@@ -642,8 +635,6 @@ def import_cluster(state: ClusterState, env: str, existing: dict[str, Any] | Non
 def _settle_names(imp: _Importer, nodes: list[ImportedNode], existing: dict[str, Any]) -> set[str]:
     """Rename imported profiles whose name the workspace already uses for something else; the names of those
     equal to a workspace profile (all but the description), which are reused."""
-    from gpushare.core.spec import PROFILE_ADAPTER
-
     renames: dict[str, str] = {}
     reused: set[str] = set()
     for name in sorted(imp.profiles):
@@ -751,8 +742,6 @@ def still_needed(workspace: Path, fleet: ResolvedFleet) -> list[str]:
     """What `gpushare check` will still ask for before the imported environment passes, which the cluster cannot
     say: how to reach each cluster, and guardrail limits for the new environment (the workspace's own file, which
     the import never overwrites)."""
-    from gpushare.core.guardrails import load_guardrails
-
     env = fleet.environment
     todo = [f"set kubeconfig_context on cluster {c.name!r} in environments/{env}.yaml (or "
             f"gpushare:clusters.{c.name}.kubeconfigContext in Pulumi.{env}.yaml): the context check and the rollout "

@@ -1,3 +1,4 @@
+# One module: one read-only diff of the next rollout; its API client and impact checks serve only that diff.
 """`gpushare diff`: what the next rollout changes in a live cluster, field by field, and what that does to the work
 running there. Read-only: every object the Pulumi program would apply is sent to the API server as a server-side
 apply with dryRun=All, so defaulting, validation, admission and Pod Security are the cluster's own; nothing is
@@ -29,7 +30,11 @@ from urllib.parse import urlencode
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.mappings import dig
+from gpushare.core.resolve import resolve_env
 from gpushare.ops.brownfield.kubeconfig import load_kubeconfig
+from gpushare.ops.brownfield.operator import operator_changes
+from gpushare.ops.preview import collect_plan, kubernetes_objects
+from gpushare.program.components.operator_values import DEVICE_PLUGIN_CONFIGMAP
 
 FIELD_MANAGER = "gpushare-diff"
 SERVER_FIELDS = ("managedFields", "resourceVersion", "uid", "creationTimestamp", "generation", "selfLink")
@@ -358,8 +363,6 @@ class _Live:
 
 def single_cluster(env: str, cluster: str | None) -> tuple[Any, str]:
     """The resolved fleet and the one cluster the kubeconfig reaches."""
-    from gpushare.core.resolve import resolve_env
-
     fleet = resolve_env(env)
     if cluster is None:
         if len(fleet.clusters) != 1:
@@ -381,8 +384,6 @@ def live_diff(env: str, api: Api, cluster: str | None = None, objects: list[dict
     fleet, cluster = single_cluster(env, cluster)
     made: set[str] = set()  # namespaces the rollout's Helm releases create (create_namespace)
     if objects is None:
-        from gpushare.ops.preview import collect_plan, kubernetes_objects
-
         plan = collect_plan(env)
         objects = [o.body for o in kubernetes_objects(plan) if o.cluster == cluster]
         made = {str(r.inputs.get("namespace")) for r in plan.resources if r.type.endswith(":Release")
@@ -610,8 +611,6 @@ def _admission(api: Api, objects: list[dict[str, Any]], live: _Live, report: Dif
 
 def _operator(fleet: Any, live: _Live, report: DiffReport) -> Iterator[Impact]:
     """The ClusterPolicy settings the pinned chart with gpushare's values changes, and the operands that restart."""
-    from gpushare.ops.brownfield.operator import operator_changes
-
     for cp in live.cluster_policies:
         name = f"ClusterPolicy {dig(cp, 'metadata', 'name')}"
         spec = cp.get("spec") or {}
@@ -624,7 +623,6 @@ def _operator(fleet: Any, live: _Live, report: DiffReport) -> Iterator[Impact]:
             if section in OPERANDS:
                 restarted.setdefault(section, []).append(change.path)
         dp = dig(spec, "devicePlugin", "config") or {}
-        from gpushare.program.components.operator_values import DEVICE_PLUGIN_CONFIGMAP
 
         if dp.get("name") != DEVICE_PLUGIN_CONFIGMAP:
             restarted.setdefault("devicePlugin", []).append("devicePlugin.config.name")

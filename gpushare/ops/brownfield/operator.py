@@ -13,7 +13,7 @@ from gpushare.core.mappings import dig
 from gpushare.core.nvidia.operator import cluster_policy_spec_schema, gpu_operator_chart_values
 
 # The operands gpushare turns off on a fleet of imported (bare-metal, Ansible-managed) hosts, as the Pulumi
-# program's operator values do for such a cluster (program/components/operator_values.py; tests/brownfield
+# program's operator values do for such a cluster (program/components/operator_values.py; tests/unit/ops/brownfield/
 # checks this table against it). Their other settings no longer matter, so only `enabled` is reported.
 TURNED_OFF = {
     "driver": "Ansible takes the imported hosts over: it checks each host's driver (branch {driver}) and installs "

@@ -21,7 +21,7 @@ from gpushare.ops.prometheus import (
     window_stat,
     window_steps,
 )
-from gpushare.render.monitoring import rules as r
+from gpushare.render.monitoring import expressions as r
 from gpushare.render.monitoring.promql import alternatives, ksm_name
 
 

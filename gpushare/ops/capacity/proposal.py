@@ -11,9 +11,13 @@ from typing import Any
 
 from gpushare.core.errors import GpushareError
 from gpushare.core.guardrails import Guardrails
-from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve_env
+from gpushare.core.mig import format_layout, layout_from_counts
+from gpushare.core.paths import default_profiles_dir, find_workspace, patch_path, project_root
+from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve, resolve_env
 from gpushare.ops.capacity.recommendations import FLOAT_SLACK, Recommendation, _resource
 from gpushare.ops.patch import Proposal, dump_yaml, keep_untouched_lines, roundtrip_yaml
+from gpushare.policy.evaluate import evaluate
+from gpushare.policy.registry import Context
 
 
 def shared_description(kind: str, replicas: int, source: str) -> str:
@@ -72,8 +76,6 @@ def _edit_pool(fleet: ResolvedFleet, guardrails: Guardrails, doc: Any, rec: Reco
                new_profiles: dict[str, dict[str, Any]]) -> tuple[str | None, list[str], int, bool]:
     """Apply one pool's recommendation (not its tenants' quotas) to the round-trip document: (why not or None, notes,
     the pool's GPUs as the document now says, whether the document really changed)."""
-    from gpushare.core.mig import format_layout, layout_from_counts
-
     limits = guardrails.environment(fleet.environment)
     entry = next(p for p in doc["pools"] if p["name"] == pool.name)
     notes: list[str] = []
@@ -135,8 +137,6 @@ def _resize(pool: ResolvedPool, entry: Any, rec: Recommendation, notes: list[str
 
 def _new_profile_name(fleet: ResolvedFleet, stem: str, new_profiles: dict[str, dict[str, Any]]) -> str:
     """A profile name (and file name) that no profile in the fleet or its profiles folder, nor this patch, uses yet."""
-    from gpushare.core.paths import default_profiles_dir
-
     folder = default_profiles_dir(fleet.source.resolve())
     taken = set(fleet.profiles) | set(new_profiles) | {p.stem for p in folder.glob("*.yaml")}
     name, n = stem, 1
@@ -219,11 +219,6 @@ def propose(fleet: ResolvedFleet, guardrails: Guardrails, recs: list[Recommendat
     included) and adds no guardrail violation, alone and together."""
     import tempfile
     from datetime import date
-
-    from gpushare.core.paths import default_profiles_dir, find_workspace, patch_path, project_root
-    from gpushare.core.resolve import resolve
-    from gpushare.policy.evaluate import evaluate
-    from gpushare.policy.registry import Context
 
     source = fleet.source.resolve()
     root = find_workspace(source.parent) or project_root()  # the profiles' paths too are named from there

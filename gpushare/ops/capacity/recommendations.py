@@ -9,6 +9,7 @@ from typing import Any
 
 from gpushare.core.coverage import duration_text, gaps_text
 from gpushare.core.guardrails import Guardrails
+from gpushare.core.mig import check_layout, layout_from_counts
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool
 from gpushare.ops.capacity.evidence import PoolEvidence
 
@@ -187,7 +188,6 @@ def _plain_profiles(model: Any) -> list[Any]:
 
 def recommend_mig(fleet: ResolvedFleet, guardrails: Guardrails, pool: ResolvedPool, e: PoolEvidence,
                   rec: Recommendation) -> None:
-    from gpushare.core.mig import check_layout, layout_from_counts
 
     c = guardrails.capacity
     node = pool.nodes[0]
@@ -278,8 +278,6 @@ def _grow_mig(model: Any, driver: int, e: PoolEvidence, c: Any, proposed: dict[s
               memory_gib: float, rec: Recommendation) -> dict[str, int]:
     """One instance of a saturated profile per GPU becomes the next profile that gives it the compute and memory it
     needs, taking room from the least busy other instances if it must; the layout passes check_layout or stays."""
-    from gpushare.core.mig import check_layout, layout_from_counts
-
     current = model.profiles[name]
     m = e.mig[name]
     why = (f"{name} instances are saturated ({_pct(m.utilization_p95)} busy at p95)"

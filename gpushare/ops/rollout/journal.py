@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from gpushare.core.errors import GpushareError, Problem
-from gpushare.core.files import read_text
+from gpushare.core.reading import read_text
 from gpushare.ops.rollout.snapshot import Snapshot
 
 # The largest journal read. A start line holds the environment's snapshot (this repository's prod: 7 KB) and each

@@ -9,10 +9,11 @@ from typing import Any, Literal
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.paths import default_profiles_dir, project_root
-from gpushare.core.resolve import ResolvedFleet
+from gpushare.core.resolve import ResolvedFleet, resolve
 from gpushare.ops.rollout.batches import ansible_hosts, parse_batches, plan_batches
 from gpushare.ops.rollout.journal import Journal, RolloutRecord
 from gpushare.ops.rollout.snapshot import Snapshot, git_revision
+from gpushare.render.fleet import render_fleet
 
 Kind = Literal["rollout", "rollback"]
 # What each batch runs, with `--limit` to its hosts, and then its health gates.
@@ -68,7 +69,6 @@ def kept_configs(previous: ResolvedFleet | None, target: ResolvedFleet, director
     files `gpushare:keepDevicePluginConfigs` names (the Pulumi program checks each file against its name)."""
     if previous is None:
         return []
-    from gpushare.render.fleet import render_fleet
 
     gone = sorted(set(previous.device_plugin_configs) - set(target.device_plugin_configs))
     if not gone:
@@ -123,8 +123,6 @@ def batch_steps(batches: list[list[str]], done: set[str], kubeconfig: bool) -> l
 
 def _resolve_snapshot(snapshot: Snapshot, work: Path) -> tuple[Path, ResolvedFleet]:
     """The snapshot written out under work/revisions/<fingerprint> and resolved from there."""
-    from gpushare.core.resolve import resolve
-
     path = snapshot.materialize(work / "revisions" / snapshot.fingerprint)
     return path, resolve(path)
 

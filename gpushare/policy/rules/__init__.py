@@ -5,8 +5,8 @@ The same rules run in `gpushare check` (CI), in the Pulumi policy pack (`policie
 for what only admission can see, as ValidatingAdmissionPolicies in the cluster. Thresholds come only from
 policies/guardrails.yaml; exceptions only from policies/waivers.yaml.
 
-Importing this package imports every family, so RULES taken from here holds every rule; tests/test_policy_layout.py
-fails where a module of this package is left out of FAMILIES."""
+Importing this package imports every family, so RULES taken from here holds every rule;
+tests/unit/policy/test_registry.py fails where a module of this package is left out of FAMILIES."""
 
 from __future__ import annotations
 

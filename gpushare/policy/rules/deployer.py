@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from gpushare.policy.admission import DEFAULT_DEPLOYER_GROUPS
 from gpushare.policy.deployer import DEPLOYER_FIX, DEPLOYER_KEY, deployer_findings
 from gpushare.policy.registry import Context, Finding, rule, stack_mapping
 
@@ -14,8 +15,6 @@ from gpushare.policy.registry import Context, Finding, rule, stack_mapping
       "no group Kubernetes gives every user, ServiceAccount or node, no anonymous user or kubelet, and no "
       "ServiceAccount in a tenant's namespace.", DEPLOYER_FIX)
 def _deployer(ctx: Context) -> Iterator[Finding]:
-    from gpushare.policy.admission import DEFAULT_DEPLOYER_GROUPS
-
     deployer = stack_mapping(ctx, DEPLOYER_KEY)
     users = [str(u) for u in deployer.get("users") or []]
     groups = [str(g) for g in deployer.get("groups", DEFAULT_DEPLOYER_GROUPS) or []]

@@ -8,8 +8,10 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from gpushare.core import dra
 from gpushare.core.mappings import dig
 from gpushare.core.resolve import ResolvedFleet
+from gpushare.core.tenancy import fleet_tenancy
 from gpushare.policy.registry import Context, Finding, rule
 
 
@@ -50,7 +52,6 @@ def _untrusted(ctx: Context) -> Iterator[Finding]:
     if not untrusted:
         return
     # What the queues really give: gpushare's own tenancy objects, and the plan's ClusterQueues where there is one.
-    from gpushare.core.tenancy import fleet_tenancy
 
     seen: set[str] = set()
     queues: list[tuple[str, Mapping[str, Any], str]] = [
@@ -70,8 +71,6 @@ def _untrusted(ctx: Context) -> Iterator[Finding]:
 
 def _untrusted_claims(ctx: Context, untrusted: set[str]) -> Iterator[Finding]:
     """DRA clusters: what untrusted tenants' claim templates request, in gpushare's objects and the plan's."""
-    from gpushare.core import dra
-
     seen: set[str] = set()
     for name, cluster in ctx.fleet.clusters.items():
         if not dra.is_dra(cluster):
@@ -217,8 +216,6 @@ def _queued(ctx: Context) -> Iterator[Finding]:
       "both",
       level_in=lambda ctx: "mandatory" if ctx.limits.quota_above_capacity == "error" else "advisory")
 def _quota_within_capacity(ctx: Context) -> Iterator[Finding]:
-    from gpushare.core.tenancy import fleet_tenancy
-
     for ct in fleet_tenancy(ctx.fleet, ctx.guardrails, refuse=False).values():
         for problem in ct.over_capacity:
             yield f"{problem.path}", problem.message

@@ -15,6 +15,7 @@ from gpushare.core.nvidia.toolkit import image_tag, is_toolkit_image, toolkit_ve
 from gpushare.core.spec import version_tuple
 from gpushare.core.stacks import OPERATOR_VALUES_KEY
 from gpushare.policy.registry import Context, Finding, operator_releases, rule, site_operator_values
+from gpushare.render.fleet import render_fleet
 
 
 def _fields_named(node: Any, key: str, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -111,8 +112,6 @@ def _toolkit_hardened(ctx: Context) -> Iterator[Finding]:
     where = "nvidia-container-toolkit/config.toml"
     rendered = ctx.rendered
     if rendered is None:
-        from gpushare.render.fleet import render_fleet
-
         rendered = render_fleet(ctx.fleet).files
     text = rendered.get(where)
     if text is None:

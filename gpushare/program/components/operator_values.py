@@ -23,7 +23,9 @@ from gpushare.core.resolve import (
     device_plugin_digest,
 )
 from gpushare.policy.device_plugin import device_plugin_values
-from gpushare.render.fleet import mig_parted_configs
+from gpushare.render.fleet import mig_parted_configs, parse_device_plugin
+from gpushare.render.monitoring import dcgm_counters
+from gpushare.render.monitoring import dcgm_exporter_env as monitoring_env
 from gpushare.render.templating import environment as templates
 
 CHART = "gpu-operator"  # at CHART_VERSION (core.nvidia.operator), the release gpushare/data copies
@@ -143,8 +145,6 @@ def kept_device_plugin_configs(entries: list[Any], fleet: ResolvedFleet, root: P
                                ) -> dict[str, dict[str, Any]]:
     """Configs nodes still use (`gpushare:keepDevicePluginConfigs`): a name the fleet still renders, or a name with
     the file `gpushare render` wrote for it. A config's name ends in its content hash, which must match."""
-    from gpushare.render.fleet import parse_device_plugin
-
     out: dict[str, dict[str, Any]] = {}
     for i, entry in enumerate(entries):
         name = entry if isinstance(entry, str) else entry.name
@@ -250,14 +250,10 @@ def _env(pairs: dict[str, str]) -> list[dict[str, str]]:
 
 def dcgm_counters_configmap_data(fleet: ResolvedFleet) -> dict[str, str]:
     """dcgm-exporter's counters: its defaults plus every field gpushare's rules and capacity planning read."""
-    from gpushare.render.monitoring import dcgm_counters
-
     return {DCGM_COUNTERS_KEY: dcgm_counters(fleet)}
 
 
 def dcgm_exporter_env(fleet: ResolvedFleet, gpus: ClusterGpus, counters_hash: str) -> dict[str, str]:
-    from gpushare.render.monitoring import dcgm_exporter_env as monitoring_env
-
     env = dict(monitoring_env(fleet))
     if gpus.all_ansible:
         # Every GPU node runs DCGM on the host (docs/nvidia-stack.md): the exporter reads it instead of embedding one.

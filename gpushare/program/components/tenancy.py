@@ -24,6 +24,7 @@ from pulumi_kubernetes.scheduling.v1 import PriorityClass
 from gpushare.core import dra, spec
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.guardrails import Guardrails
+from gpushare.core.paths import package_data
 from gpushare.core.resolve import ResolvedFleet
 from gpushare.core.tenancy import (
     KUEUE_EXCLUDED_PREFIXES,
@@ -42,8 +43,6 @@ KUEUE_VALUES = {"enablePrometheus": True}  # Kueue exposes no metrics unless ask
 
 @cache
 def kueue_chart_defaults() -> dict[str, Any]:
-    from gpushare.core.paths import package_data
-
     data = yaml.safe_load(package_data("kueue-values.yaml").read_text())
     assert isinstance(data, dict)
     return data
