@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import base64
 import copy
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.cluster.controlplane import Cluster
+from tests.cluster.controlplane import Cluster, Process
 from tests.cluster.kube import Kube, eventually
 
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
@@ -79,3 +80,26 @@ def write_kubeconfig(path: Path, cluster: Cluster, kube: Kube, namespace: str, s
                                                   "certificate-authority": cluster.pki.path("ca.crt")}}],
         "users": [{"name": service_account, "user": {"token": token}}],
         "contexts": [{"name": service_account, "context": {"cluster": "test", "user": service_account}}]}))
+
+
+def ready(health_port: int) -> bool:
+    """The controller manager's /readyz on its health port answers 200."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=3) as answer:
+        return bool(answer.status == 200)
+
+
+def exited(name: str, process: Process | None) -> str:
+    """'' while the process runs (or was never started), else its exit status and the end of its log."""
+    if process is None or process.popen.poll() is None:
+        return ""
+    return f"{name} exited with {process.popen.returncode}:\n{process.tail(60)}"
+
+
+def stop(kube: Kube, manifest: Iterable[dict[str, Any]], process: Process | None) -> None:
+    """The controller's webhooks first (they fail closed: without it no object they match could be made), then
+    the process the fixture started, by its PID."""
+    for obj in manifest:
+        if obj["kind"] in WEBHOOK_KINDS:
+            kube.delete(obj)
+    if process is not None:
+        process.stop()

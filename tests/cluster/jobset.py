@@ -16,7 +16,6 @@ Only these, the listening addresses and leader election (one replica) differ fro
 from __future__ import annotations
 
 import shutil
-import urllib.request
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -115,8 +114,7 @@ class JobSetController:
         (self.work / "jobset-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     def _ready(self) -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['health']}/readyz", timeout=3) as answer:
-            return bool(answer.status == 200)
+        return controllers.ready(self.ports["health"])
 
     def _run(self) -> None:
         argv = [str(self.build / "jobset"), f"--config={self.work / 'jobset-config.yaml'}",
@@ -135,15 +133,7 @@ class JobSetController:
         eventually(lambda: self.kube.create(probe).allowed, timeout=60, what="JobSet's webhooks answer")
 
     def alive(self) -> str:
-        if self.process is None or self.process.popen.poll() is None:
-            return ""
-        return f"jobset exited with {self.process.popen.returncode}:\n{self.process.tail(60)}"
+        return controllers.exited("jobset", self.process)
 
     def stop(self) -> None:
-        """JobSet's webhooks first (they fail closed: without JobSet no Pod could be made), then the process this
-        fixture started, by its PID."""
-        for obj in install_manifest(self.build):
-            if obj["kind"] in WEBHOOK_KINDS:
-                self.kube.delete(obj)
-        if self.process is not None:
-            self.process.stop()
+        controllers.stop(self.kube, install_manifest(self.build), self.process)

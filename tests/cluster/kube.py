@@ -4,6 +4,7 @@ server's whole answer (status, the denying message, every Warning header), which
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -59,8 +60,7 @@ class Kube:
         # client finds a custom resource without the discovery rights of its own; every request carries the token.
         discovery = client.ApiClient(configuration)
         if token is not None:  # the same server and CA, a ServiceAccount's identity instead of the admin's
-            configuration = client.Configuration()
-            config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+            configuration = copy.copy(configuration)
             configuration.cert_file = configuration.key_file = None
             configuration.api_key = {}
         self.token = token

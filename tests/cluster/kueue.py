@@ -174,8 +174,7 @@ class Kueue:
         (self.work / "kueue-config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
 
     def _ready(self) -> bool:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['health']}/readyz", timeout=3) as answer:
-            return bool(answer.status == 200)
+        return controllers.ready(self.ports["health"])
 
     def _run(self) -> None:
         argv = [*_mount_namespace(), "sh", "-c", _MOUNTS, "kueue", str(self.work), str(self.build / "kueue"),
@@ -206,9 +205,7 @@ class Kueue:
     # ---------------------------------------------------------------- use
 
     def alive(self) -> str:
-        if self.process is None or self.process.popen.poll() is None:
-            return ""
-        return f"kueue exited with {self.process.popen.returncode}:\n{self.process.tail(60)}"
+        return controllers.exited("kueue", self.process)
 
     def scrape(self, token: str) -> str:
         """Kueue's /metrics as Prometheus reads it: HTTPS, the bearer token of a ServiceAccount allowed /metrics
@@ -220,10 +217,4 @@ class Kueue:
             return str(answer.read().decode())
 
     def stop(self) -> None:
-        """Kueue's webhooks first (they fail closed: without Kueue no Job or Pod could be made), then the process
-        this fixture started, by its PID."""
-        for obj in install_manifest(self.build):
-            if obj["kind"] in WEBHOOK_KINDS:
-                self.kube.delete(obj)
-        if self.process is not None:
-            self.process.stop()
+        controllers.stop(self.kube, install_manifest(self.build), self.process)

@@ -37,9 +37,10 @@ def _list(spec: str, field: str) -> str:
 _UNTRUSTED = (f"!has(namespaceObject.metadata.labels) || !('{TRUST_LABEL}' in namespaceObject.metadata.labels) || "
               f"namespaceObject.metadata.labels['{TRUST_LABEL}'] != '{TRUSTED}'")
 
+IS_UPDATE = {"name": "isUpdate", "expression": "request.operation == 'UPDATE'"}
 # On CREATE the "old" values are the new ones; every use is guarded by `isUpdate`, so no expression meets a null.
 WORKLOAD_VARIABLES: list[dict[str, str]] = [
-    {"name": "isUpdate", "expression": "request.operation == 'UPDATE'"},
+    IS_UPDATE,
     {"name": "podSpec", "expression": _pick_spec("object")},
     {"name": "oldPodSpec", "expression": f"variables.isUpdate ? {_pick_spec('oldObject')} : variables.podSpec"},
     {"name": "podAnnotations", "expression": _pick_annotations("object")},

@@ -6,7 +6,7 @@ from typing import Any
 
 from gpushare.core.namespaces import KUEUE_GATE, QUEUE_LABEL
 from gpushare.core.tenancy import LOCAL_QUEUE
-from gpushare.policy.admission.cel import _label, _labels, _lit, _strings, _template_labels
+from gpushare.policy.admission.cel import IS_UPDATE, _label, _labels, _lit, _strings, _template_labels
 from gpushare.policy.admission.cluster import (
     IMPLICIT_EXTENDED_PREFIX,
     JOB_CONTROLLER_USERS,
@@ -158,7 +158,7 @@ def jobsets_policy(kueue: str) -> dict[str, Any]:
     creates them, its Jobs when the JobSet controller does (their owner is checked by gpushare-gpu-pods-queued)."""
     return {
         "variables": [
-            {"name": "isUpdate", "expression": "request.operation == 'UPDATE'"},
+            dict(IS_UPDATE),
             {"name": "gpu", "expression": _jobset_gpu("object")},
             {"name": "oldGpu", "expression": f"variables.isUpdate && {_jobset_gpu('oldObject')}"},
             {"name": "queueName", "expression": _label(_labels("object"), QUEUE_LABEL)},
