@@ -9,10 +9,12 @@ plan: venv
 	$(BIN)/gpushare plan --env dev
 	$(BIN)/gpushare preview --env dev --out build/dev
 
-# pytest in two phases (tools/run_tests.sh): the Go programs of testbins, pulumi-bins and nvidia-bins build in the
-# background while the tests that need none run, then tests/cluster and tests/nvidia run on them.
-test: venv lint test-deps promtool
-	$(if $(wildcard ../shared/nvidia-tools/bin),PATH=$(abspath ../shared/nvidia-tools/bin):$$PATH) tools/run_tests.sh
+# The whole suite (tools/run_tests.sh): the Go programs of testbins, pulumi-bins and nvidia-bins build in the
+# background from the start (after test-deps), beside venv, lint, promtool and the tests that need none of them; then
+# tests/nvidia and each group of tests/cluster run as soon as the programs they need are built.
+test:
+	$(if $(wildcard ../shared/nvidia-tools/bin),PATH=$(abspath ../shared/nvidia-tools/bin):$$PATH) \
+		MAKE="$(MAKE)" tools/run_tests.sh
 
 # The control-plane, Kueue and real-engine tests alone, at the Kubernetes version of tools/versions.env or another one:
 #   make test-cluster KUBERNETES_VERSION=1.35.8   (the oldest minor gpushare supports; built once, like the rest)
@@ -38,10 +40,11 @@ lint: venv
 		playbooks/site.yml playbooks/rollout.yml playbooks/verify.yml
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/ansible-lint -q -c $(COLLECTION)/.ansible-lint $(COLLECTION)
 
-# What the Ansible tests need on this machine (tests/ansible: debootstrap'd hosts booted with systemd-nspawn,
-# reached over ssh, fed from a local apt repository); apt-get runs only when something is missing.
-TEST_TOOLS := debootstrap:debootstrap systemd-nspawn:systemd-container ssh:openssh-client ssh-keygen:openssh-client \
-	ip:iproute2 dpkg-scanpackages:dpkg-dev dpkg-deb:dpkg
+# What the Go builds (curl and jq read the module proxy's answers, gcc links NVIDIA's cgo programs) and the Ansible
+# tests (tests/ansible: debootstrap'd hosts booted with systemd-nspawn, reached over ssh, fed from a local apt
+# repository) need on this machine; apt-get runs only when something is missing.
+TEST_TOOLS := jq:jq curl:curl gcc:gcc debootstrap:debootstrap systemd-nspawn:systemd-container ssh:openssh-client \
+	ssh-keygen:openssh-client ip:iproute2 dpkg-scanpackages:dpkg-dev dpkg-deb:dpkg
 test-deps:
 	@missing=$$(for t in $(TEST_TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || echo $${t#*:}; done | sort -u); \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi

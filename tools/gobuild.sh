@@ -35,6 +35,13 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 work=$cache/.src/$name-$version
+# The folder of a module the proxy serves, downloaded into the module cache; fails (never an empty path, which the
+# copy below would read as the root folder) when the proxy does not serve that version.
+module_dir() {
+  dir=$(go mod download -json "$1" | jq -r '.Dir // empty') && [ -n "$dir" ] && [ -d "$dir" ] && [ "$dir" != / ] \
+    || { echo "gobuild.sh: the module proxy has no $1 (go mod download -json $1)" >&2; return 1; }
+  echo "$dir"
+}
 rm -rf "$work"; mkdir -p "$work" "$out"
 # The module proxy is the only source; its checksum database is not reachable from every machine, so go.sum is
 # pinned in the checkout (tools/gosum/<name>-<version>.sum) once a build has produced it.
@@ -111,7 +118,7 @@ GO
     # Kueue requires k8s.io/kubernetes, whose staging modules a requiring module cannot resolve (v0.0.0); built as
     # its own main module instead, from the module proxy's zip, so its own go.mod and go.sum pick every version
     # (JobSet too: its main package is the module's root, which a requiring module cannot build either).
-    src=$(go mod download -json "$module@v$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    src=$(module_dir "$module@v$version")
     cp -R "$src/." . && chmod -R u+w .
     ;;
   kustomize)
@@ -130,7 +137,8 @@ GO
     # ones that name another module (not a path of its own repository) are copied here, as a main module needs them.
     go mod init "gpushare.local/$name" >/dev/null 2>&1
     go mod edit -require="$module@v$version"
-    gomod=$(go mod download -json "$module@v$version" | jq -r .GoMod)
+    gomod=$(go mod download -json "$module@v$version" | jq -r '.GoMod // empty')
+    [ -f "$gomod" ] || { echo "gobuild.sh: the module proxy has no $module@v$version" >&2; exit 1; }
     go mod edit -json "$gomod" | jq -r '.Replace[]? | select(.New.Version != null)
       | "-replace=\(.Old.Path)\(if .Old.Version then "@"+.Old.Version else "" end)=\(.New.Path)@\(.New.Version)"' \
       | xargs -r go mod edit
@@ -147,7 +155,7 @@ GO
     # Built as its own main module (its go.mod and go.sum pick every version, and go generate needs a writable
     # tree): the one replace pointing into its repository (../sdk, the Go SDK its yaml/v2 and helm/v4 components
     # use) takes the sdk/v4 release the provider's go.mod requires, from the proxy, instead.
-    src=$(go mod download -json "$module@$PULUMI_KUBERNETES_MODULE_VERSION" | jq -r .Dir)
+    src=$(module_dir "$module@$PULUMI_KUBERNETES_MODULE_VERSION")
     cp -R "$src/." . && chmod -R u+w .
     go mod edit -dropreplace=github.com/pulumi/pulumi-kubernetes/sdk/v4
     ;;
@@ -165,10 +173,12 @@ case $name in
       stamp="$stamp -X $p.gitVersion=v$version -X $p.gitMajor=${version%%.*} -X $p.gitMinor=$(echo "$version" | cut -d. -f2)"
       stamp="$stamp -X $p.gitTreeState=clean"
     done
-    for c in kube-apiserver kube-controller-manager kube-scheduler; do
-      go build -tags tools -ldflags "$ldflags$stamp" -o "$work/$c" "k8s.io/kubernetes/cmd/$c"
-      mv -f "$work/$c" "$out/$c"
-    done ;;
+    # One go build for the three programs, so each one's link overlaps the others' compiles.
+    cmds="kube-apiserver kube-controller-manager kube-scheduler"
+    mkdir -p "$work/bin"
+    # shellcheck disable=SC2046 # one package path per program
+    go build -tags tools -ldflags "$ldflags$stamp" -o "$work/bin/" $(printf 'k8s.io/kubernetes/cmd/%s ' $cmds)
+    for c in $cmds; do mv -f "$work/bin/$c" "$out/$c"; done ;;
   etcd)
     go mod tidy >/dev/null
     go build -ldflags "$ldflags" -o "$out/etcd" ./cmd/etcd ;;
