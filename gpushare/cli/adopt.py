@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.cli.common import EnvOption, JsonOption, TimeoutOption, fail, finite, key_values
+from gpushare.cli.common import EnvOption, JsonOption, TimeoutOption, fail, finite, key_values, name_order
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import check_output_file, write_file
 from gpushare.core.paths import WORKSPACE_MARKER, project_root
@@ -293,7 +293,7 @@ def print_drift(report: DriftReport, verbose: bool = False) -> None:
         digits = len(str(max(kinds.values())))
         room = max(20, console.width - 2 - max(len(k) for k in kinds) - 2)  # key_values' room beside the keys
         key_values(console, [(kind, Text(_nodes_text(f"{count:>{digits}}", sorted(
-            {d.node for d in report.pending if d.kind == kind}), room, report.nodes)))
+            {d.node for d in report.pending if d.kind == kind}, key=name_order), room, report.nodes)))
             for kind, count in kinds.items()])
 
 
@@ -330,7 +330,7 @@ def _print_by_node(console: Console, items: list[Drift], pending: bool) -> None:
     by_node: dict[str, list[Drift]] = {}
     for d in items:
         by_node.setdefault(d.node, []).append(d)
-    for node, entries in sorted(by_node.items()):
+    for node, entries in sorted(by_node.items(), key=lambda item: name_order(item[0])):
         console.print(Text(f"{node}: {f'{len(entries)} pending' if pending else _count(len(entries), 'drift item')}"))
         for d in sorted(entries, key=lambda d: _kind_order(d.kind)):  # stable: a kind's items keep their order
             line = f"  {d.kind}  {d.field}  git: {d.git}  cluster: {d.cluster}"

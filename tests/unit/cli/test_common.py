@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from gpushare.cli import app
 from gpushare.cli.adopt import print_drift
+from gpushare.cli.common import name_order
 from gpushare.cli.preview import MAX_SIBLINGS
 from gpushare.cli.showback import _table
 from gpushare.core.resolve import resolve_env
@@ -113,6 +114,29 @@ def test_drift_keeps_label_keys_in_brackets(monkeypatch: pytest.MonkeyPatch, cap
     for text in ("labels[gpushare.io/pool]", "labels[nvidia.com/mig.config.state]", "[bold]failed"):
         assert text in out, text
     assert "2 drift items" in out
+
+
+def test_names_order_as_people_number_them() -> None:
+    names = ["gpu-10", "gpu-2", "gpu-1", "a100-02", "l4-01", "gpu-10b", "gpu-10a", "h200", "gpu"]
+    assert sorted(names, key=name_order) == ["a100-02", "gpu", "gpu-1", "gpu-2", "gpu-10", "gpu-10a", "gpu-10b",
+                                             "h200", "l4-01"]
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["by-kind", "by-node"])
+def test_drift_lists_nodes_in_number_order(capsys: pytest.CaptureFixture[str], verbose: bool) -> None:
+    """gpu-2 before gpu-10, under each node (drift, and pending with --verbose) and in the pending kinds' lists."""
+    nodes = ["gpu-10", "gpu-2", "gpu-1"]
+    report = DriftReport("brown", drift=[Drift(n, "label", "labels[gpushare.io/pool]", "a", "b") for n in nodes],
+                         pending=[Drift(n, "config", "labels[nvidia.com/device-plugin.config]", "a", "b")
+                                  for n in nodes], nodes=12)
+    print_drift(report, verbose=verbose)
+    out = capsys.readouterr().out
+    headings = re.findall(r"^(gpu-\d+): ", out, re.M)
+    assert headings[:3] == ["gpu-1", "gpu-2", "gpu-10"], out
+    if verbose:
+        assert headings[3:] == ["gpu-1", "gpu-2", "gpu-10"], out
+    else:
+        assert "3 on 3 nodes: gpu-1, gpu-2, gpu-10" in out, out
 
 
 def test_preview_at_80_columns_wraps_at_words_and_shortens_long_names() -> None:
