@@ -14,6 +14,7 @@ from gpushare.cli.common import EnvOption, JsonOption, TimeoutOption, fail, fini
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import check_output_file, write_file
 from gpushare.core.paths import WORKSPACE_MARKER, project_root
+from gpushare.core.words import counted
 from gpushare.ops.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
@@ -192,8 +193,8 @@ def _resolved_configs(out: Path, result: ImportResult) -> tuple[dict[str, list[s
 
 def _print_import(out: Path, result: ImportResult, configs: dict[str, list[str]], problems: list[str],
                   todo: list[str], source: str) -> None:
-    print(f"imported environment {result.environment} into {out}: {len(result.files)} files, "
-          f"{len(result.nodes)} nodes")
+    print(f"imported environment {result.environment} into {out}: {counted(len(result.files), 'file')}, "
+          f"{counted(len(result.nodes), 'node')}")
     for used, profiles in result.mapping.items():
         print(f"  {used} -> profile {', '.join(profiles)}")
     for used, names in configs.items():
@@ -297,16 +298,12 @@ def print_drift(report: DriftReport, verbose: bool = False) -> None:
             for kind, count in kinds.items()])
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
 def _drift_summary(report: DriftReport) -> str:
-    drift = f"{_count(len(report.drift), 'drift item')} on {_count(len({d.node for d in report.drift}), 'node')}" \
+    drift = f"{counted(len(report.drift), 'drift item')} on {counted(len({d.node for d in report.drift}), 'node')}" \
         if report.drift else "no drift"
-    pending = f"{len(report.pending)} pending on {_count(len({d.node for d in report.pending}), 'node')}" \
+    pending = f"{len(report.pending)} pending on {counted(len({d.node for d in report.pending}), 'node')}" \
         if report.pending else "nothing pending"
-    compared = f" ({_count(report.nodes, 'node')} compared)" if report.nodes else ""
+    compared = f" ({counted(report.nodes, 'node')} compared)" if report.nodes else ""
     return f"{report.environment}: {drift}, {pending}{compared}"
 
 
@@ -331,7 +328,7 @@ def _print_by_node(console: Console, items: list[Drift], pending: bool) -> None:
     for d in items:
         by_node.setdefault(d.node, []).append(d)
     for node, entries in sorted(by_node.items(), key=lambda item: name_order(item[0])):
-        console.print(Text(f"{node}: {f'{len(entries)} pending' if pending else _count(len(entries), 'drift item')}"))
+        console.print(Text(f"{node}: {f'{len(entries)} pending' if pending else counted(len(entries), 'drift item')}"))
         for d in sorted(entries, key=lambda d: _kind_order(d.kind)):  # stable: a kind's items keep their order
             line = f"  {d.kind}  {d.field}  git: {d.git}  cluster: {d.cluster}"
             if cell_len(line) <= console.width and "\n" not in line:

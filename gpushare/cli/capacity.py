@@ -12,6 +12,7 @@ import typer
 from gpushare.cli.common import EndOption, EnvOption, PrometheusOption, TimeoutOption, fail, print_records
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import write_with
+from gpushare.core.words import counted
 from gpushare.ops.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
@@ -117,16 +118,16 @@ def capacity_command(
 
     rows: list[dict[str, str | Text]] = []
     for r in recs:
-        now = f"{r.gpus_now} GPUs"
+        now = counted(r.gpus_now, "GPU")
         proposed = Text("-")
         if r.replicas_now is not None:
-            now += f"\n{r.replicas_now} replicas"
+            now += f"\n{counted(r.replicas_now, 'replica')}"
         if r.mig_layout_now:
             now += "\n" + ", ".join(f"{p} x{n}" for p, n in r.mig_layout_now.items())
         if not r.gaps:
-            proposed = Text(f"{r.gpus_proposed} GPUs")
+            proposed = Text(counted(r.gpus_proposed, "GPU") if r.gpus_proposed is not None else "-")
             if r.replicas_proposed is not None:
-                proposed.append(f"\n{r.replicas_proposed} replicas")
+                proposed.append(f"\n{counted(r.replicas_proposed, 'replica')}")
             if r.mig_layout_proposed:
                 proposed.append("\n" + ", ".join(f"{p} x{n}" for p, n in r.mig_layout_proposed.items()))
             if r.pool in proposal.withheld:

@@ -13,6 +13,7 @@ from gpushare.cli.common import EnvOption, JsonOption, ProfilesOption, fail, fit
 from gpushare.core.errors import GpushareError, printable
 from gpushare.core.files import check_output_dir, write_files
 from gpushare.core.paths import default_profiles_dir, environment_path
+from gpushare.core.words import counted
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -74,7 +75,8 @@ def validate_command(env: EnvOption, profiles: ProfilesOption = None, as_json: J
     # The file's path is the user's --env as typed: shown as text, never as markup or a terminal escape.
     console.print(
         f"[bold green]ok[/]: environment [bold]{escape(fleet.environment)}[/] ({escape(printable(str(fleet.source)))}) "
-        f"is valid: {len(fleet.pools)} pools, {sum(n.count for n in fleet.nodes)} nodes, {t.physical_gpus} GPUs, "
+        f"is valid: {counted(len(fleet.pools), 'pool')}, {counted(sum(n.count for n in fleet.nodes), 'node')}, "
+        f"{counted(t.physical_gpus, 'GPU')}, "
         f"{t.advertised_total} schedulable GPU resources, {len(rendered.files)} files to render"
     )
     for w in warnings:
@@ -241,7 +243,7 @@ def _print_plan_blocks(console: Console, fleet: ResolvedFleet, pools: list[dict[
         one_line = {"nodes": cells["nodes"].replace("\n", ", "), "profile": cells["profile"].replace("\n", " ")}
         _key_values(console, {k: one_line.get(k, v) for k, v in cells.items() if k != "pool"})
     console.print("\n[bold]totals[/]")
-    _key_values(console, {scope: f"{t.physical_gpus} GPUs, {t.hardware_units} hardware units, "
+    _key_values(console, {scope: f"{counted(t.physical_gpus, 'GPU')}, {counted(t.hardware_units, 'hardware unit')}, "
                                  f"{t.advertised_total} schedulable, ratio {t.oversubscription:.2f}"
                           for scope, t in _total_rows(fleet)})
     if tenants:

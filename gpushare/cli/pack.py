@@ -12,6 +12,7 @@ from gpushare.cli.common import fail, finite, print_records
 from gpushare.core.errors import GpushareError, Problem, printable
 from gpushare.core.files import check_output_file, write_file
 from gpushare.core.paths import default_profiles_dir, environment_path
+from gpushare.core.words import counted
 
 if TYPE_CHECKING:
     from gpushare.planner.pack import PackPlan
@@ -132,8 +133,8 @@ def _print_plan(plan: PackPlan, env_out: Path | None) -> None:
         status = "optimal (meets the lower bound)"
     else:
         status = f"within {plan.gap:.1%} of the lower bound"
-    console.print(f"[bold]{plan.gpus_used} GPUs[/] for {plan.baseline_gpus} workload replicas "
-                  f"(one GPU per replica: {plan.baseline_gpus} GPUs)")
+    console.print(f"[bold]{counted(plan.gpus_used, 'GPU')}[/] for {counted(plan.baseline_gpus, 'workload replica')} "
+                  f"(one GPU per replica: {counted(plan.baseline_gpus, 'GPU')})")
     if plan.demand.objective == "gpus":
         console.print(f"lower bound {plan.lower_bound:g} GPUs: {status}")
     else:
@@ -145,10 +146,10 @@ def _print_plan(plan: PackPlan, env_out: Path | None) -> None:
         + f"; solved in {plan.seconds:.1f} s")
     if plan.changes is not None:
         c = plan.changes
-        console.print(f"changes: {c.gpus_reconfigured} GPUs reconfigured (proven lower bound {c.lower_bound}) on "
-                      f"{len(c.nodes_drained)} hosts to drain: {', '.join(c.nodes_drained) or 'none'}; "
-                      f"{c.gpus_added} GPUs added (proven lower bound {c.gpus_added_bound}), {c.gpus_freed} left "
-                      "idle", markup=False)
+        console.print(f"changes: {counted(c.gpus_reconfigured, 'GPU')} reconfigured (proven lower bound "
+                      f"{c.lower_bound}) on {counted(len(c.nodes_drained), 'host')} to drain: "
+                      f"{', '.join(c.nodes_drained) or 'none'}; {counted(c.gpus_added, 'GPU')} added (proven lower "
+                      f"bound {c.gpus_added_bound}), {c.gpus_freed} left idle", markup=False)
     # Wrapped at word boundaries to the terminal's width, as the table above.
     for note in plan.problem.notes:
         console.print(f"note: {note}", markup=False)

@@ -16,6 +16,7 @@ from gpushare.cli.common import TimeoutOption, fail, finite, print_records
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import check_output_file
 from gpushare.core.paths import ansible_environment, mitogen_environment, project_root
+from gpushare.core.words import counted
 from gpushare.ops.rollout.batches import DEFAULT_BATCHES, parse_batches
 from gpushare.ops.timeouts import AWX_JOB_TIMEOUT, DEFAULT_TIMEOUT, GATE_TIMEOUT, MAX_AWX_JOB_TIMEOUT
 
@@ -311,7 +312,7 @@ def _execute(plan: RolloutPlan, journal: Journal, kubeconfig: Path | None, pulum
                 err.print(f"    {c}", markup=False)
 
     def on_batch(index: int, hosts: list[str]) -> None:
-        batch_tasks[index] = progress.add_task(f"batch {index} ({len(hosts)} hosts)", total=len(hosts))
+        batch_tasks[index] = progress.add_task(f"batch {index} ({counted(len(hosts), 'host')})", total=len(hosts))
         for h in hosts:
             host_batch[h] = index
             host_tasks[h] = progress.add_task(f"  {h}: starting", total=1)

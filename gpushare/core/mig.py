@@ -20,6 +20,7 @@ from typing import Any
 
 from gpushare.core.catalog import GpuModel, MigProfile, load_catalog, unknown_profile_message
 from gpushare.core.errors import GpushareError, Problem
+from gpushare.core.words import counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,10 +292,6 @@ def _canonical(geometry: _Geometry, layout: Layout) -> Layout:
     )
 
 
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
 def _describe_counts(counts: Mapping[str, int]) -> str:
     return ", ".join(name if n == 1 else f"{name} x{n}" for name, n in counts.items())
 
@@ -312,7 +309,7 @@ def _starts_text(profiles: Iterable[MigProfile]) -> str:
             if len(p.placements) == 1
             else f"starts at {_either(p.placements)}"
         )
-        parts.append(f"{p.name} ({_plural(p.memory_slices, 'slice')}) {where}")
+        parts.append(f"{p.name} ({counted(p.memory_slices, 'slice')}) {where}")
     return "; ".join(parts)
 
 
@@ -366,7 +363,7 @@ def _verdict(geometry: _Geometry, layout: Layout, driver_branch: int | None) -> 
         if count > profile.max_count:
             over = True
             errors.append(
-                f"{name}: {_plural(count, 'instance')} requested, but {gpu} allows at most "
+                f"{name}: {counted(count, 'instance')} requested, but {gpu} allows at most "
                 f"{profile.max_count} of this profile"
             )
     if compute > model.compute_slices_total:

@@ -37,6 +37,7 @@ from gpushare.core.mig import check_layout, layout_from_counts
 from gpushare.core.paths import project_root
 from gpushare.core.resolve import resolve_env
 from gpushare.core.spec import load_profile_file
+from gpushare.core.words import counted
 from gpushare.planner.demand import Demand, GpuSupply, load_demand
 from gpushare.planner.fleet import FleetChanges, FleetHost, fleet_hosts, no_fleet_error, plan_fleet
 from gpushare.planner.model import EPS, GpuConfig, Limits, PackProblem, UnitKind, build_problem, with_replicas
@@ -372,7 +373,7 @@ def replan_supply(supply: list[GpuSupply], hosts: list[FleetHost]) -> tuple[list
 
 
 def _fleet_short(problem: PackProblem, exc: Infeasible, fleet: str, max_changes: int | None) -> GpushareError:
-    limit = f" with at most {max_changes} GPUs reconfigured" if max_changes is not None else ""
+    limit = f" with at most {counted(max_changes, 'GPU')} reconfigured" if max_changes is not None else ""
     proven = "proven over every fill" if exc.proven else "none found by the planner"
     return GpushareError(Problem(
         f"the hosts of {fleet} cannot serve all {problem.total_replicas} workload replicas{limit}, and the demand's "
@@ -523,7 +524,7 @@ def check_plan(plan: PackPlan) -> list[str]:
     for name, count in per_model.items():
         supply = problem.supply[name]
         if supply.count is not None and count > supply.count:
-            out.append(f"{count} GPUs of {name}, only {supply.count} available")
+            out.append(f"{counted(count, 'GPU')} of {name}, only {supply.count} available")
     if problem.max_oversubscription is not None and plan.gpus:
         advertised = sum(g.config.advertised for g in plan.gpus)
         units = sum(g.config.hardware_units for g in plan.gpus)

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import yaml_text
+from gpushare.core.words import counted
 from gpushare.planner.model import GpuConfig
 from gpushare.planner.pack import PackPlan, PlannedGpu, name_profiles
 
@@ -68,7 +69,8 @@ def env_section(plan: PackPlan) -> dict[str, Any]:
         pools.append({
             "name": name, "cluster": cluster, "purpose": pool["purpose"], "gpu_model": model.name,
             "profile": pool["profile"],
-            "description": f"{pool['gpus']} GPUs for {pool['workload_replicas']} replicas of {listed}",
+            "description": f"{counted(pool['gpus'], 'GPU')} for {counted(pool['workload_replicas'], 'replica')} "
+                           f"of {listed}",
             "hosts": hosts,
         })
     section["pools"] = pools
@@ -78,8 +80,9 @@ def env_section(plan: PackPlan) -> dict[str, Any]:
 def env_section_yaml(plan: PackPlan, demand_file: str | None = None) -> str:
     where = f"environments/{plan.problem.environment}.yaml" if plan.problem.environment else "an environment file"
     header = [
-        f"# Planned by `gpushare pack`{f' from {demand_file}' if demand_file else ''}: {plan.gpus_used} GPUs "
-        f"(lower bound {plan.lower_bound:g}) for {plan.baseline_gpus} workload replicas.",
+        f"# Planned by `gpushare pack`{f' from {demand_file}' if demand_file else ''}: "
+        f"{counted(plan.gpus_used, 'GPU')} (lower bound {plan.lower_bound:g}) for "
+        f"{counted(plan.baseline_gpus, 'workload replica')}.",
         f"# Pools and new profiles to merge into {where}. Host names and addresses are placeholders",
         "# (gpu_count per host follows the plan): replace them with the real hosts before `gpushare validate`.",
     ]
@@ -133,7 +136,8 @@ def fleet_patch_yaml(plan: PackPlan, demand_file: str | None = None) -> str:
     env = plan.problem.environment
     header = [
         f"# Re-planned by `gpushare pack --fleet {env}`{f' from {demand_file}' if demand_file else ''}: "
-        f"{changes.gpus_reconfigured} GPUs reconfigured on {len(changes.nodes_drained)} hosts (each drained), "
+        f"{counted(changes.gpus_reconfigured, 'GPU')} reconfigured on {counted(len(changes.nodes_drained), 'host')} "
+        "(each drained), "
         f"{changes.gpus_added} added, {changes.gpus_freed} left idle.",
         f"# Review, then apply to environments/{env}.yaml: set each listed host's profile (add `profile:` to the "
         "host), add the profiles, and merge the pools (their hosts are placeholders).",

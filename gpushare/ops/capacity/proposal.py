@@ -14,6 +14,7 @@ from gpushare.core.guardrails import Guardrails
 from gpushare.core.mig import format_layout, layout_from_counts
 from gpushare.core.paths import default_profiles_dir, find_workspace, patch_path, project_root
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool, resolve, resolve_env
+from gpushare.core.words import counted
 from gpushare.ops.capacity.recommendations import FLOAT_SLACK, Recommendation, _resource
 from gpushare.ops.patch import Proposal, dump_yaml, keep_untouched_lines, roundtrip_yaml
 from gpushare.policy.evaluate import evaluate
@@ -114,21 +115,21 @@ def _resize(pool: ResolvedPool, entry: Any, rec: Recommendation, notes: list[str
         if pool.cloud.max_node_count:
             nodes = min(nodes, pool.cloud.max_node_count)
         if nodes * per_node != rec.gpus_proposed:
-            notes.append(f"{nodes} node(s) of {per_node} GPUs (the pool's node counts and whole nodes): "
-                         f"{nodes * per_node} GPUs rather than {rec.gpus_proposed}")
+            notes.append(f"{counted(nodes, 'node')} of {counted(per_node, 'GPU')} (the pool's node counts and whole "
+                         f"nodes): {counted(nodes * per_node, 'GPU')} rather than {rec.gpus_proposed}")
         changed = entry["cloud"].get("node_count") != nodes
         entry["cloud"]["node_count"] = nodes
         return nodes * per_node, changed
     if rec.gpus_proposed > rec.gpus_now:
-        notes.append(f"bare-metal pools grow by adding hosts: add {rec.gpus_proposed - rec.gpus_now} GPUs' worth of "
-                     "hosts to the environment")
+        notes.append("bare-metal pools grow by adding hosts: add hosts with "
+                     f"{counted(rec.gpus_proposed - rec.gpus_now, 'GPU')} in all to the environment")
         return rec.gpus_now, False
     hosts, gpus = entry["hosts"], rec.gpus_now
     freed = rec.gpus_now - rec.gpus_proposed
     while len(hosts) > 1 and hosts[-1]["gpu_count"] <= freed:
         freed -= hosts[-1]["gpu_count"]
         gpus -= hosts[-1]["gpu_count"]
-        notes.append(f"host {hosts[-1]['name']} leaves the pool ({hosts[-1]['gpu_count']} GPUs freed)")
+        notes.append(f"host {hosts[-1]['name']} leaves the pool ({counted(hosts[-1]['gpu_count'], 'GPU')} freed)")
         del hosts[-1]
     if freed:
         notes.append(f"{freed} more GPU(s) could go, but only whole hosts leave a bare-metal pool")

@@ -11,6 +11,7 @@ from gpushare.core.coverage import duration_text, gaps_text
 from gpushare.core.guardrails import Guardrails
 from gpushare.core.mig import check_layout, layout_from_counts
 from gpushare.core.resolve import ResolvedFleet, ResolvedPool
+from gpushare.core.words import counted
 from gpushare.ops.capacity.evidence import PoolEvidence
 
 GIB = 1024**3
@@ -106,7 +107,7 @@ def recommend_time_slicing(fleet: ResolvedFleet, guardrails: Guardrails, pool: R
     allocated_p95 = max(e.allocated_p95 or 0.0, allocated_mean)
     pending = e.pending_mean or 0.0
     queued = _queued(e, guardrails)
-    rec.evidence += [f"utilization mean {_pct(mean)}, p95 {_pct(p95)} of {n} GPUs",
+    rec.evidence += [f"utilization mean {_pct(mean)}, p95 {_pct(p95)} of {counted(n, 'GPU')}",
                      f"allocated replicas mean {allocated_mean:.1f}, p95 {allocated_p95:.1f} of {n * replicas}",
                      f"pending workloads mean {pending:.1f}"
                      + (f", queue wait up to {duration_text(e.queue_wait_seconds)}" if e.queue_wait_seconds else "")]
@@ -174,7 +175,7 @@ def recommend_exclusive(fleet: ResolvedFleet, guardrails: Guardrails, pool: Reso
     elif rec.gpus_proposed > n:
         rec.reasons.append(f"the pool queues ({queued:.1f} pending, waits up to "
                            f"{duration_text(e.queue_wait_seconds or 0)})")
-    rec.evidence += [f"utilization mean {_pct(mean)}, p95 {_pct(e.utilization_p95)} of {n} GPUs",
+    rec.evidence += [f"utilization mean {_pct(mean)}, p95 {_pct(e.utilization_p95)} of {counted(n, 'GPU')}",
                      f"allocated GPUs p95 {allocated_p95:.1f}, pending mean {e.pending_mean or 0:.1f}"]
     if mean < guardrails.monitoring.pool_underused_ratio:
         rec.notes.append(f"whole GPUs {_pct(mean)} busy: trusted work here could share, starting at "

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpushare.core.dra import driver_facts, is_dra
 from gpushare.core.resolve import ResolvedFleet, ResolvedNode
+from gpushare.core.words import counted
 from gpushare.ops.rollout.adapters import AnsibleRunner, HostOutcome, Kubectl, PulumiSteps
 from gpushare.ops.rollout.journal import Journal
 from gpushare.ops.rollout.plan import BATCH_PLAYBOOK, GATE_PLAYBOOK, RolloutPlan, Step
@@ -100,7 +101,7 @@ def execute(plan: RolloutPlan, journal: Journal, ansible: AnsibleRunner, pulumi:
         if stopped is not None:
             return stopped
     passed = sum(s == "passed" for s in run.hosts_state.values())
-    return run.finish("succeeded", f"{passed} hosts passed every gate")
+    return run.finish("succeeded", f"{counted(passed, 'host')} passed every gate")
 
 
 class _Execution:

@@ -99,7 +99,8 @@ def test_a_bare_metal_pool_that_should_grow_or_shrink_by_less_than_a_host_is_not
     grow, trim = _resize_rec(fleet, "ts-contended", 6), _resize_rec(fleet, "ts-underused", 3)
     proposal = propose(fleet, load_guardrails(), [grow, trim])
     assert proposal.applied == [] and proposal.patch == "" and not proposal.files
-    assert "bare-metal pools grow by adding hosts: add 2 GPUs' worth of hosts" in proposal.withheld["ts-contended"]
+    assert ("bare-metal pools grow by adding hosts: add hosts with 2 GPUs in all to the environment"
+            in proposal.withheld["ts-contended"])
     assert "only whole hosts leave" in proposal.withheld["ts-underused"]
 
 
