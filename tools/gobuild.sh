@@ -35,12 +35,13 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 work=$cache/.src/$name-$version
-# The folder of a module the proxy serves, downloaded into the module cache; fails (never an empty path, which the
-# copy below would read as the root folder) when the proxy does not serve that version.
-module_dir() {
-  dir=$(go mod download -json "$1" | jq -r '.Dir // empty') && [ -n "$dir" ] && [ -d "$dir" ] && [ "$dir" != / ] \
-    || { echo "gobuild.sh: the module proxy has no $1 (go mod download -json $1)" >&2; return 1; }
-  echo "$dir"
+# module_path Dir|GoMod MODULE@VERSION: the module's folder or go.mod in the module cache, downloaded from the proxy;
+# fails (never an empty path, which a copy would read as the root folder) when the proxy does not serve that version.
+module_path() {
+  path=$(go mod download -json "$2" | jq -r --arg field "$1" '.[$field] // empty') && [ -n "$path" ] \
+    && [ -e "$path" ] && [ "$path" != / ] \
+    || { echo "gobuild.sh: the module proxy has no $2 (go mod download -json $2)" >&2; return 1; }
+  echo "$path"
 }
 rm -rf "$work"; mkdir -p "$work" "$out"
 # The module proxy is the only source; its checksum database is not reachable from every machine, so go.sum is
@@ -118,7 +119,7 @@ GO
     # Kueue requires k8s.io/kubernetes, whose staging modules a requiring module cannot resolve (v0.0.0); built as
     # its own main module instead, from the module proxy's zip, so its own go.mod and go.sum pick every version
     # (JobSet too: its main package is the module's root, which a requiring module cannot build either).
-    src=$(module_dir "$module@v$version")
+    src=$(module_path Dir "$module@v$version")
     cp -R "$src/." . && chmod -R u+w .
     ;;
   kustomize)
@@ -137,8 +138,7 @@ GO
     # ones that name another module (not a path of its own repository) are copied here, as a main module needs them.
     go mod init "gpushare.local/$name" >/dev/null 2>&1
     go mod edit -require="$module@v$version"
-    gomod=$(go mod download -json "$module@v$version" | jq -r '.GoMod // empty')
-    [ -f "$gomod" ] || { echo "gobuild.sh: the module proxy has no $module@v$version" >&2; exit 1; }
+    gomod=$(module_path GoMod "$module@v$version")
     go mod edit -json "$gomod" | jq -r '.Replace[]? | select(.New.Version != null)
       | "-replace=\(.Old.Path)\(if .Old.Version then "@"+.Old.Version else "" end)=\(.New.Path)@\(.New.Version)"' \
       | xargs -r go mod edit
@@ -155,7 +155,7 @@ GO
     # Built as its own main module (its go.mod and go.sum pick every version, and go generate needs a writable
     # tree): the one replace pointing into its repository (../sdk, the Go SDK its yaml/v2 and helm/v4 components
     # use) takes the sdk/v4 release the provider's go.mod requires, from the proxy, instead.
-    src=$(module_dir "$module@$PULUMI_KUBERNETES_MODULE_VERSION")
+    src=$(module_path Dir "$module@$PULUMI_KUBERNETES_MODULE_VERSION")
     cp -R "$src/." . && chmod -R u+w .
     go mod edit -dropreplace=github.com/pulumi/pulumi-kubernetes/sdk/v4
     ;;

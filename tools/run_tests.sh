@@ -87,11 +87,11 @@ ready() {
 
 status=0
 record() { [ "$status" -ne 0 ] || status=$1; }
-# group NAME "PROGRAMS" PYTEST-ARGUMENTS...: runs pytest once the programs are built.
+# group NAME "PROGRAMS" PYTEST-ARGUMENTS...: runs pytest once the programs (none: at once) are built.
 group() {
   local name=$1 needs=$2 start rc
   shift 2
-  echo "run_tests: $name: waiting for $needs ($(elapsed))"
+  [ -z "$needs" ] || echo "run_tests: $name: waiting for $needs ($(elapsed))"
   if ! ready $needs; then
     echo "run_tests: $name: not run (a program it needs did not build)" >&2
     record 1; return
@@ -105,12 +105,7 @@ group() {
 }
 
 extra=("$@")
-start=$(date +%s)
-"$pytest" --durations=15 --ignore=tests/cluster --ignore=tests/nvidia "${extra[@]}"
-rc=$?
-echo "run_tests: phase 1 (no Go program) ended with $rc after $(( $(date +%s) - start )) s ($(elapsed))"
-record "$rc"
-
+group "phase 1 (no Go program)" "" --ignore=tests/cluster --ignore=tests/nvidia
 group nvidia "mig-parted k8s-device-plugin" tests/nvidia
 ignore=()
 for g in "${CLUSTER_GROUPS[@]}"; do

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpushare.cli.common import EnvOption, JsonOption, TimeoutOption, fail, finite, key_values, name_order
+from gpushare.cli.common import EnvOption, JsonOption, TimeoutOption, fail, finite, key_values
 from gpushare.core.errors import GpushareError, Problem
 from gpushare.core.files import check_output_file, write_file
 from gpushare.core.paths import WORKSPACE_MARKER, project_root
-from gpushare.core.words import counted
+from gpushare.core.words import counted, name_order
 from gpushare.ops.timeouts import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:

@@ -30,12 +30,6 @@ PrometheusOption = Annotated[str, typer.Option("--prometheus",
 LAST_UNIX_SECOND = 253_402_300_799  # 9999-12-31T23:59:59Z, the last time datetime and Prometheus both hold
 
 
-def name_order(name: str) -> tuple[tuple[int, int | str], ...]:
-    """A sort key that orders node and host names as people number them: gpu-2 before gpu-10 (text order puts
-    gpu-10 first). Digit runs compare as numbers, the rest as text."""
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
-
-
 def finite(param: typer.CallbackParam, value: float | None) -> float | None:
     """Click's float options take `nan` and `inf`, which no option of gpushare means (and nan passes min/max).
     A located error, not a usage box: the CLI's boundary prints it like any other, with --json too."""

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from gpushare.cli import app
 from gpushare.cli.adopt import print_drift
-from gpushare.cli.common import name_order
 from gpushare.cli.preview import MAX_SIBLINGS
 from gpushare.cli.showback import _table
 from gpushare.core.resolve import resolve_env
+from gpushare.core.words import name_order
 from gpushare.ops.brownfield.drift import Drift, DriftReport
 from gpushare.ops.preview import run_preview
 from gpushare.ops.showback import Idle, Row, ShowbackReport
